@@ -1,0 +1,253 @@
+"""`RunConfig` (the TPU variant) and `ClusterConfig` for several hosts."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from tpu_estimator.api._checks import (
+    is_int,
+    message,
+    non_negative_number,
+    optional_positive_int,
+)
+from tpu_estimator.api.tpu_config import TPUConfig
+
+_DEFAULT_CHECKPOINT_SECS = 600
+_USE_DEFAULT = object()
+
+ENV_COORDINATOR = "TPU_ESTIMATOR_COORDINATOR_ADDRESS"
+ENV_NUM_PROCESSES = "TPU_ESTIMATOR_NUM_PROCESSES"
+ENV_PROCESS_ID = "TPU_ESTIMATOR_PROCESS_ID"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+    """Where the hosts of a multi-host job meet (`jax.distributed.initialize`).
+
+    All three None means "let `jax.distributed` detect the cluster" (SLURM, TPU
+    pods, Kubernetes); otherwise all three are required.
+
+    Args:
+      coordinator_address: `host:port` of process 0's coordinator service.
+      num_processes: Number of processes (hosts) in the job.
+      process_id: This process's index in `[0, num_processes)`.
+    """
+
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+    def __post_init__(self) -> None:
+        given = [
+            self.coordinator_address is not None,
+            self.num_processes is not None,
+            self.process_id is not None,
+        ]
+        if any(given) and not all(given):
+            raise ValueError(
+                message(
+                    "ClusterConfig needs all of coordinator_address, num_processes and "
+                    "process_id, or none of them (auto-detection).",
+                    f"coordinator_address={self.coordinator_address!r}, "
+                    f"num_processes={self.num_processes!r}, process_id={self.process_id!r}",
+                )
+            )
+        if not any(given):
+            return
+        if not isinstance(self.coordinator_address, str) or ":" not in self.coordinator_address:
+            raise ValueError(
+                message(
+                    "`coordinator_address` must be a 'host:port' string.",
+                    f"coordinator_address={self.coordinator_address!r}",
+                )
+            )
+        optional_positive_int(self.num_processes, "num_processes")
+        if not is_int(self.process_id) or not 0 <= self.process_id < self.num_processes:
+            raise ValueError(
+                message(
+                    "`process_id` must be an int in [0, num_processes).",
+                    f"process_id={self.process_id!r}, num_processes={self.num_processes!r}",
+                )
+            )
+
+    @property
+    def is_explicit(self) -> bool:
+        """True when the addresses were given rather than left to auto-detection."""
+        return self.coordinator_address is not None
+
+    @classmethod
+    def from_environment(cls, environ: dict[str, str] | None = None) -> "ClusterConfig":
+        """Reads TPU_ESTIMATOR_COORDINATOR_ADDRESS / _NUM_PROCESSES / _PROCESS_ID."""
+        env = os.environ if environ is None else environ
+        if ENV_COORDINATOR not in env:
+            return cls()
+        try:
+            num = int(env[ENV_NUM_PROCESSES])
+            pid = int(env[ENV_PROCESS_ID])
+        except (KeyError, ValueError) as e:
+            raise ValueError(
+                message(
+                    f"With {ENV_COORDINATOR} set, {ENV_NUM_PROCESSES} and {ENV_PROCESS_ID} "
+                    "must be set to integers.",
+                    f"{ENV_NUM_PROCESSES}={env.get(ENV_NUM_PROCESSES)!r}, "
+                    f"{ENV_PROCESS_ID}={env.get(ENV_PROCESS_ID)!r}",
+                )
+            ) from e
+        return cls(env[ENV_COORDINATOR], num, pid)
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class RunConfig:
+    """Where and how an estimator runs: model directory, checkpoints, summaries.
+
+    Args:
+      model_dir: Directory for checkpoints and event files. None: the
+        estimator's `model_dir` argument, or a temporary directory.
+      tpu_config: A `TPUConfig`; None means `TPUConfig()`.
+      tf_random_seed: Seed for initialisation and the dropout RNG streams;
+        None means 0 (runs are always reproducible).
+      save_summary_steps: Write summaries every this many steps.
+      save_checkpoints_steps: Save a checkpoint every this many steps.
+      save_checkpoints_secs: Save a checkpoint every this many seconds. If
+        neither is given, 600 seconds. Giving both is an error. Both None:
+        only at the start and end of `train()`.
+      keep_checkpoint_max: Checkpoints to keep; 0 or None keeps all.
+      keep_checkpoint_every_n_hours: Additionally keep one checkpoint per this
+        many hours.
+      log_step_count_steps: Log loss and steps/sec every this many steps.
+      cluster: A `ClusterConfig` for several hosts; None reads the environment
+        (`ClusterConfig.from_environment`) when the estimator starts.
+
+    Raises:
+      ValueError, TypeError: on an invalid value, with the fix in the message.
+
+    Example:
+      >>> cfg = RunConfig(model_dir='/tmp/m', save_checkpoints_steps=100)
+      >>> cfg.save_checkpoints_secs is None
+      True
+      >>> cfg.replace(save_checkpoints_secs=60).save_checkpoints_steps is None
+      True
+    """
+
+    model_dir: str | None
+    tpu_config: TPUConfig
+    tf_random_seed: int | None
+    save_summary_steps: int | None
+    save_checkpoints_steps: int | None
+    save_checkpoints_secs: int | float | None
+    keep_checkpoint_max: int | None
+    keep_checkpoint_every_n_hours: float
+    log_step_count_steps: int | None
+    cluster: ClusterConfig | None
+
+    def __init__(
+        self,
+        model_dir: str | os.PathLike[str] | None = None,
+        tpu_config: TPUConfig | None = None,
+        tf_random_seed: int | None = None,
+        save_summary_steps: int | None = 100,
+        save_checkpoints_steps: int | None = None,
+        save_checkpoints_secs: Any = _USE_DEFAULT,
+        keep_checkpoint_max: int | None = 5,
+        keep_checkpoint_every_n_hours: float = 10000,
+        log_step_count_steps: int | None = 100,
+        cluster: ClusterConfig | None = None,
+    ) -> None:
+        if save_checkpoints_secs is _USE_DEFAULT:
+            save_checkpoints_secs = (
+                None if save_checkpoints_steps is not None else _DEFAULT_CHECKPOINT_SECS
+            )
+        if save_checkpoints_steps is not None and save_checkpoints_secs is not None:
+            raise ValueError(
+                message(
+                    "Give at most one of `save_checkpoints_steps` and `save_checkpoints_secs`.",
+                    f"save_checkpoints_steps={save_checkpoints_steps!r}, "
+                    f"save_checkpoints_secs={save_checkpoints_secs!r}",
+                    "Set the other to None.",
+                )
+            )
+        if model_dir is not None:
+            if not isinstance(model_dir, (str, os.PathLike)):
+                raise TypeError(
+                    message("`model_dir` must be a path string or None.", f"model_dir={model_dir!r}")
+                )
+            model_dir = os.fspath(model_dir)
+            if not model_dir:
+                raise ValueError(
+                    message("`model_dir` must not be empty.", "model_dir=''", "Pass None or a path.")
+                )
+        if tpu_config is None:
+            tpu_config = TPUConfig()
+        if not isinstance(tpu_config, TPUConfig):
+            raise TypeError(
+                message(
+                    "`tpu_config` must be a tpu_estimator.TPUConfig.",
+                    f"tpu_config={tpu_config!r}",
+                )
+            )
+        if tf_random_seed is not None and not is_int(tf_random_seed):
+            raise TypeError(
+                message("`tf_random_seed` must be an int or None.", f"tf_random_seed={tf_random_seed!r}")
+            )
+        optional_positive_int(save_summary_steps, "save_summary_steps", fix="Use None to disable.")
+        optional_positive_int(save_checkpoints_steps, "save_checkpoints_steps")
+        if save_checkpoints_secs is not None:
+            non_negative_number(save_checkpoints_secs, "save_checkpoints_secs")
+        if keep_checkpoint_max is not None and (
+            not is_int(keep_checkpoint_max) or keep_checkpoint_max < 0
+        ):
+            raise ValueError(
+                message(
+                    "`keep_checkpoint_max` must be an int >= 0 (0 or None keeps all).",
+                    f"keep_checkpoint_max={keep_checkpoint_max!r}",
+                )
+            )
+        non_negative_number(keep_checkpoint_every_n_hours, "keep_checkpoint_every_n_hours")
+        optional_positive_int(log_step_count_steps, "log_step_count_steps", fix="Use None to disable.")
+        if cluster is not None and not isinstance(cluster, ClusterConfig):
+            raise TypeError(
+                message("`cluster` must be a tpu_estimator.ClusterConfig or None.", f"cluster={cluster!r}")
+            )
+        values = dict(
+            model_dir=model_dir,
+            tpu_config=tpu_config,
+            tf_random_seed=tf_random_seed,
+            save_summary_steps=save_summary_steps,
+            save_checkpoints_steps=save_checkpoints_steps,
+            save_checkpoints_secs=save_checkpoints_secs,
+            keep_checkpoint_max=keep_checkpoint_max,
+            keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+            log_step_count_steps=log_step_count_steps,
+            cluster=cluster,
+        )
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def seed(self) -> int:
+        """`tf_random_seed`, with None meaning 0."""
+        return 0 if self.tf_random_seed is None else int(self.tf_random_seed)
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        """A copy with `changes` applied and validated again.
+
+        Setting one of `save_checkpoints_steps` / `save_checkpoints_secs` to a
+        value clears the other, as the original did.
+        """
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(
+                message(
+                    "RunConfig.replace() only takes RunConfig fields.",
+                    f"{sorted(unknown)}",
+                )
+            )
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if changes.get("save_checkpoints_steps") is not None and "save_checkpoints_secs" not in changes:
+            values["save_checkpoints_secs"] = None
+        if changes.get("save_checkpoints_secs") is not None and "save_checkpoints_steps" not in changes:
+            values["save_checkpoints_steps"] = None
+        values.update(changes)
+        return RunConfig(**values)

@@ -1,0 +1,240 @@
+"""`TPUConfig` and `InputPipelineConfig`: how steps are looped and input is fed."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+import warnings
+from typing import Any, Literal, NamedTuple, Sequence
+
+from tpu_estimator.api._checks import is_int, message, optional_positive_int, positive_int
+
+
+class InputPipelineConfig(enum.IntEnum):
+    """How `input_fn` is called and its batches reach the replicas (seed 004).
+
+    * `PER_SHARD_V1`: `input_fn` once per replica, with the per-replica batch
+      (TRAIN only). `per_host_input_for_training=False` means this.
+    * `PER_HOST_V1`: `input_fn` once per host, with the per-host batch
+      (global batch / number of hosts). `per_host_input_for_training=True`
+      means this; it is the default.
+    * `PER_HOST_V2`: `input_fn` once per host with the per-replica batch; the
+      host pulls one batch per local replica per step.
+    * `BROADCAST`: `input_fn` only on host 0 with the whole global batch; every
+      replica receives the same batch.
+    * `SLICED`: (for `eval_training_input_configuration`) `input_fn` only on
+      host 0; each replica receives a slice of the batch.
+    """
+
+    PER_SHARD_V1 = 1
+    PER_HOST_V1 = 2
+    PER_HOST_V2 = 3
+    BROADCAST = 4
+    SLICED = 5
+
+
+_LOOP_RE = re.compile(r"^(?P<value>[1-9]\d*)(?P<suffix>[smh]?)$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
+_VALID_CORES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class IterationsPerLoop(NamedTuple):
+    """`iterations_per_loop` parsed: a step count, or a duration in seconds."""
+
+    value: int
+    unit: Literal["count", "seconds"]
+
+
+def parse_iterations_per_loop(value: Any) -> IterationsPerLoop:
+    """Parses a positive int or a `'<N>s'`, `'<N>m'`, `'<N>h'` time string.
+
+    >>> parse_iterations_per_loop('2m')
+    IterationsPerLoop(value=120, unit='seconds')
+    """
+    if isinstance(value, bool) or not (is_int(value) or isinstance(value, str)):
+        raise TypeError(
+            message(
+                "`iterations_per_loop` must be a positive int or a time string "
+                "like '30s', '5m' or '1h'.",
+                f"iterations_per_loop={value!r}",
+            )
+        )
+    m = _LOOP_RE.match(str(value))
+    if m is None:
+        raise ValueError(
+            message(
+                "`iterations_per_loop` must be a positive int (steps) or a time string "
+                "'<N>s', '<N>m' or '<N>h' with N a positive integer without leading zeros.",
+                f"iterations_per_loop={value!r}",
+                "Use e.g. iterations_per_loop=100 or iterations_per_loop='30s'.",
+            )
+        )
+    suffix = m.group("suffix")
+    if not suffix:
+        return IterationsPerLoop(int(m.group("value")), "count")
+    return IterationsPerLoop(int(m.group("value")) * _UNIT_SECONDS[suffix], "seconds")
+
+
+def as_input_pipeline_config(value: Any, name: str) -> InputPipelineConfig:
+    """Maps True/False and the enum (or its int value) to an `InputPipelineConfig`."""
+    if value is True:
+        return InputPipelineConfig.PER_HOST_V1
+    if value is False:
+        return InputPipelineConfig.PER_SHARD_V1
+    if isinstance(value, InputPipelineConfig):
+        return value
+    if is_int(value) and int(value) in InputPipelineConfig._value2member_map_:
+        return InputPipelineConfig(int(value))
+    raise ValueError(
+        message(
+            f"`{name}` must be True, False or an InputPipelineConfig "
+            "(PER_SHARD_V1, PER_HOST_V1, PER_HOST_V2, BROADCAST).",
+            f"{name}={value!r}",
+        )
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class TPUConfig:
+    """TPU-related configuration of `TPUEstimator` (seed `TPUConfig`).
+
+    Args:
+      iterations_per_loop: Steps run on the device in one compiled program
+        before returning to the host, or a time string (`'30s'`, `'5m'`,
+        `'1h'`): the estimator then adapts the step count to the measured step
+        time. Evaluation does not use it.
+      num_shards: Deprecated and ignored (the replica count comes from the
+        devices); a positive int is accepted with a warning.
+      num_cores_per_replica: Cores per model replica (model parallelism);
+        1, 2, 4, ..., 128, or None (= 1).
+      per_host_input_for_training: True (PER_HOST_V1), False (PER_SHARD_V1)
+        or an `InputPipelineConfig`.
+      tpu_job_name: Kept for compatibility; unused.
+      initial_infeed_sleep_secs: Seconds to wait before feeding the first batch.
+      input_partition_dims: Spatial partitioning of inputs: one (features)
+        or two (features, labels) elements. Needs PER_HOST_V2 and
+        `num_cores_per_replica`.
+      eval_training_input_configuration: PER_HOST_V1 or SLICED.
+      experimental_host_call_every_n_steps: Run `host_call` every n steps
+        within a loop.
+
+    Raises:
+      ValueError, TypeError: on an invalid value, with the fix in the message.
+
+    Example:
+      >>> TPUConfig(iterations_per_loop='30s').iterations_per_loop_parsed
+      IterationsPerLoop(value=30, unit='seconds')
+    """
+
+    iterations_per_loop: int | str = 2
+    num_shards: int | None = None
+    num_cores_per_replica: int | None = None
+    per_host_input_for_training: bool | InputPipelineConfig = True
+    tpu_job_name: str | None = None
+    initial_infeed_sleep_secs: int | None = None
+    input_partition_dims: Sequence[Any] | None = None
+    eval_training_input_configuration: InputPipelineConfig = InputPipelineConfig.PER_HOST_V1
+    experimental_host_call_every_n_steps: int = 1
+
+    def __post_init__(self) -> None:
+        parse_iterations_per_loop(self.iterations_per_loop)
+        if self.num_shards is not None:
+            positive_int(self.num_shards, "num_shards")
+            warnings.warn(
+                "TPUConfig(num_shards=...) is deprecated and ignored: the number of "
+                "replicas is the device count divided by num_cores_per_replica.",
+                FutureWarning,
+                stacklevel=3,
+            )
+        if self.num_cores_per_replica is not None and (
+            not is_int(self.num_cores_per_replica)
+            or self.num_cores_per_replica not in _VALID_CORES
+        ):
+            raise ValueError(
+                message(
+                    "`num_cores_per_replica` must be one of 1, 2, 4, 8, 16, 32, 64, 128, or None.",
+                    f"num_cores_per_replica={self.num_cores_per_replica!r}",
+                )
+            )
+        pipeline = as_input_pipeline_config(
+            self.per_host_input_for_training, "per_host_input_for_training"
+        )
+        if pipeline is InputPipelineConfig.SLICED:
+            raise ValueError(
+                message(
+                    "`per_host_input_for_training` cannot be SLICED; SLICED is only for "
+                    "`eval_training_input_configuration`.",
+                    "per_host_input_for_training=InputPipelineConfig.SLICED",
+                )
+            )
+        if self.tpu_job_name is not None and not isinstance(self.tpu_job_name, str):
+            raise TypeError(
+                message("`tpu_job_name` must be a str or None.", f"tpu_job_name={self.tpu_job_name!r}")
+            )
+        optional_positive_int(self.initial_infeed_sleep_secs, "initial_infeed_sleep_secs")
+        self._check_partition_dims(pipeline)
+        if self.eval_training_input_configuration not in (
+            InputPipelineConfig.PER_HOST_V1,
+            InputPipelineConfig.SLICED,
+        ) or isinstance(self.eval_training_input_configuration, bool):
+            raise ValueError(
+                message(
+                    "`eval_training_input_configuration` must be InputPipelineConfig.PER_HOST_V1 "
+                    "or InputPipelineConfig.SLICED.",
+                    f"eval_training_input_configuration={self.eval_training_input_configuration!r}",
+                )
+            )
+        positive_int(
+            self.experimental_host_call_every_n_steps, "experimental_host_call_every_n_steps"
+        )
+
+    def _check_partition_dims(self, pipeline: InputPipelineConfig) -> None:
+        dims = self.input_partition_dims
+        if dims is None:
+            return
+        if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence) or len(dims) not in (1, 2):
+            raise ValueError(
+                message(
+                    "`input_partition_dims` must be a list/tuple with one (features) or two "
+                    "(features, labels) elements.",
+                    f"input_partition_dims={dims!r}",
+                )
+            )
+        if pipeline is not InputPipelineConfig.PER_HOST_V2:
+            raise ValueError(
+                message(
+                    "`input_partition_dims` is only supported with the PER_HOST_V2 input mode.",
+                    f"per_host_input_for_training={self.per_host_input_for_training!r}",
+                    "Set per_host_input_for_training=InputPipelineConfig.PER_HOST_V2.",
+                )
+            )
+        if self.num_cores_per_replica is None:
+            raise ValueError(
+                message(
+                    "`input_partition_dims` requires `num_cores_per_replica`.",
+                    "num_cores_per_replica=None",
+                    "Set num_cores_per_replica to the product of the partition dims.",
+                )
+            )
+
+    @property
+    def iterations_per_loop_parsed(self) -> IterationsPerLoop:
+        """`iterations_per_loop` as (value, unit); unit is 'count' or 'seconds'."""
+        return parse_iterations_per_loop(self.iterations_per_loop)
+
+    @property
+    def input_pipeline_config(self) -> InputPipelineConfig:
+        """`per_host_input_for_training` as an `InputPipelineConfig`."""
+        return as_input_pipeline_config(
+            self.per_host_input_for_training, "per_host_input_for_training"
+        )
+
+    @property
+    def cores_per_replica(self) -> int:
+        """`num_cores_per_replica`, with None meaning 1."""
+        return self.num_cores_per_replica or 1
+
+    def replace(self, **changes: Any) -> "TPUConfig":
+        """A copy with `changes` applied, validated again."""
+        return dataclasses.replace(self, **changes)
