@@ -11,11 +11,38 @@ from tpu_estimator.api.tpu_config import InputPipelineConfig as InputPipelineCon
 from tpu_estimator.api.tpu_config import TPUConfig as TPUConfig
 
 # --- specs and export outputs (api/) ---
+from tpu_estimator.api.export_output import (
+    DEFAULT_SERVING_SIGNATURE_DEF_KEY as DEFAULT_SERVING_SIGNATURE_DEF_KEY,
+)
+from tpu_estimator.api.export_output import ClassificationOutput as ClassificationOutput
+from tpu_estimator.api.export_output import ExportOutput as ExportOutput
+from tpu_estimator.api.export_output import PredictOutput as PredictOutput
+from tpu_estimator.api.export_output import RegressionOutput as RegressionOutput
+from tpu_estimator.api.scaffold import Scaffold as Scaffold
+from tpu_estimator.api.serving_input import ServingInputReceiver as ServingInputReceiver
+from tpu_estimator.api.serving_input import TensorSpec as TensorSpec
+from tpu_estimator.api.serving_input import (
+    build_raw_serving_input_receiver_fn as build_raw_serving_input_receiver_fn,
+)
+from tpu_estimator.api.spec import EstimatorSpec as EstimatorSpec
+from tpu_estimator.api.spec import TPUEstimatorSpec as TPUEstimatorSpec
 
 # --- hooks (hooks/) ---
+from tpu_estimator.hooks import CheckpointSaverListener as CheckpointSaverListener
+from tpu_estimator.hooks import RunContext as RunContext
+from tpu_estimator.hooks import SessionRunArgs as SessionRunArgs
+from tpu_estimator.hooks import SessionRunHook as SessionRunHook
+from tpu_estimator.hooks import SessionRunValues as SessionRunValues
 
 # --- metrics ---
+from tpu_estimator import metrics as metrics
 
 # --- engine (estimator/) ---
+from tpu_estimator.estimator.tpu_estimator import Estimator as Estimator
+from tpu_estimator.estimator.tpu_estimator import TPUEstimator as TPUEstimator
+from tpu_estimator.estimator.training import (
+    NanLossDuringTrainingError as NanLossDuringTrainingError,
+)
+from tpu_estimator.parallel.input_context import InputContext as InputContext
 
 __version__ = "0.1.0"

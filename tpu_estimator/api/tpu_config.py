@@ -118,6 +118,11 @@ class TPUConfig:
       eval_training_input_configuration: PER_HOST_V1 or SLICED.
       experimental_host_call_every_n_steps: Run `host_call` every n steps
         within a loop.
+      loop_strategy: (Not in the original.) How a loop of steps runs: "scan"
+        (one compiled program of `iterations_per_loop` steps), "step" (one
+        program per step, dispatched by the host), or "auto": "step" on
+        XLA:CPU for models with convolutions (which XLA:CPU runs slowly
+        inside `lax.scan`), "scan" otherwise.
 
     Raises:
       ValueError, TypeError: on an invalid value, with the fix in the message.
@@ -136,6 +141,7 @@ class TPUConfig:
     input_partition_dims: Sequence[Any] | None = None
     eval_training_input_configuration: InputPipelineConfig = InputPipelineConfig.PER_HOST_V1
     experimental_host_call_every_n_steps: int = 1
+    loop_strategy: Literal["auto", "scan", "step"] = "auto"
 
     def __post_init__(self) -> None:
         parse_iterations_per_loop(self.iterations_per_loop)
@@ -188,6 +194,13 @@ class TPUConfig:
         positive_int(
             self.experimental_host_call_every_n_steps, "experimental_host_call_every_n_steps"
         )
+        if self.loop_strategy not in ("auto", "scan", "step"):
+            raise ValueError(
+                message(
+                    "`loop_strategy` must be 'auto', 'scan' or 'step'.",
+                    f"loop_strategy={self.loop_strategy!r}",
+                )
+            )
 
     def _check_partition_dims(self, pipeline: InputPipelineConfig) -> None:
         dims = self.input_partition_dims

@@ -1,0 +1,1 @@
+"""Checkpoints: an Orbax CheckpointManager behind a small adapter."""

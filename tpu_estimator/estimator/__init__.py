@@ -1,0 +1,1 @@
+"""The estimator: host-side drivers of train, evaluate and predict."""

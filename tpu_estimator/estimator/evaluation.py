@@ -1,0 +1,155 @@
+"""The host side of `evaluate()`: runs eval programs, merges metrics exactly.
+
+Full batches run the model as written; the loss of a batch is the mean of the
+replicas' losses. A padded final batch runs per example (see
+`loops/evaluate.py`) and its padding rows are dropped, so the loss and every
+metric count each real example once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import TYPE_CHECKING, Any, Sequence
+
+import jax
+import numpy as np
+
+from tpu_estimator.api._checks import message
+from tpu_estimator.api.mode_keys import ModeKeys
+from tpu_estimator.estimator import hook_runner
+from tpu_estimator.feeding.device import batch_specs, to_device
+from tpu_estimator.feeding.prefetch import Prefetch
+from tpu_estimator.hooks.session_run_hook import RunContext
+from tpu_estimator.metrics import Metric, merge_stacked
+from tpu_estimator.summary.writer import write_scalars
+
+if TYPE_CHECKING:
+    from tpu_estimator.estimator.tpu_estimator import TPUEstimator
+
+log = logging.getLogger("tpu_estimator")
+
+_RESERVED = ("loss", "global_step")
+
+
+def evaluate(
+    est: "TPUEstimator",
+    input_fn: Any,
+    *,
+    steps: int | None,
+    hooks: Sequence[Any] | None,
+    checkpoint_path: str | None,
+    name: str | None,
+) -> dict[str, Any]:
+    """Implements `TPUEstimator.evaluate` (see there)."""
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps <= 0):
+        raise ValueError(message("Must specify steps > 0.", f"steps={steps!r}"))
+    hooks = hook_runner.check_hooks(hooks, "hooks")
+    step = est._checkpoint_step(checkpoint_path)
+    runtime = est._runtime(ModeKeys.EVAL)
+    batches, _ = est._host_batches(runtime, input_fn)
+    first = next(batches, None)
+    if first is None:
+        raise ValueError(message("evaluate() needs at least one batch of input.", "an empty input_fn"))
+    state = est._state_for(runtime, first, batches.axes, step, train=False)
+    all_hooks = [*hooks, *runtime.spec.hooks]
+    specs = batch_specs(batches.axes)
+    topo = est._topology
+
+    def device_batches() -> Any:
+        for i, b in enumerate(itertools.chain([first], batches)):
+            if steps is not None and i >= steps:
+                return
+            yield b, to_device(b.tree, specs, topo)
+
+    acc = _Accumulator(runtime)
+    hook_runner.call_all(all_hooks, "begin")
+    hook_runner.call_all(all_hooks, "after_create_session", est, None)
+    global_step = int(jax.device_get(state.step))
+    variables = state.variables
+    feed = Prefetch(device_batches())
+    try:
+        for host, device in feed:
+            ctx = RunContext(session=est)
+            requests = [h.before_run(ctx) for h in all_hooks]
+            padded = host.num_real < host.size
+            program = runtime.program("eval_examples" if padded else "eval")
+            out = program(variables, state.step, state.rng, device)
+            acc.add(jax.device_get(out), host.num_real, padded)
+            values = {"loss": acc.loss_so_far(), "global_step": global_step}
+            hook_runner.after_run(all_hooks, ctx, requests, values, global_step)
+            if ctx.stop_requested:
+                break
+    finally:
+        feed.close()
+    results = acc.results()
+    results["global_step"] = global_step
+    hook_runner.call_all(all_hooks, "end", est)
+    if jax.process_index() == 0:
+        write_scalars(est.eval_dir(name), global_step, {k: v for k, v in results.items() if k != "global_step"})
+    log.info("Evaluation at step %d: %s", global_step, results)
+    return results
+
+
+class _Accumulator:
+    """Running loss and merged metric states over batches."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.runtime = runtime
+        self.loss_sum = 0.0
+        self.count = 0
+        self.states: dict[str, Metric] = {}
+
+    def add(self, out: dict[str, Any], n: int, padded: bool) -> None:
+        spec = self.runtime.spec
+        losses = np.asarray(out["loss"], np.float64)
+        if padded:
+            self.loss_sum += float(losses[:n].sum())
+            ops = {k: merge_stacked(jax.tree.map(lambda x: x[:n], v)) for k, v in out["ops"].items()}
+            tensors = jax.tree.map(lambda x: np.asarray(x)[:n], out["tensors"])
+        else:
+            self.loss_sum += float(losses.mean()) * n
+            ops = {k: merge_stacked(v) for k, v in out["ops"].items()}
+            tensors = jax.tree.map(np.asarray, out["tensors"])
+        self.count += n
+        self._merge(ops)
+        if spec.metric_fn is not None:
+            got = spec.metric_fn(**tensors) if isinstance(tensors, dict) else spec.metric_fn(*tensors)
+            if not isinstance(got, dict):
+                raise TypeError(
+                    message(
+                        "metric_fn must return a dict of metric name -> tpu_estimator.metrics state.",
+                        f"{type(got).__name__}",
+                        "Return e.g. {'accuracy': metrics.accuracy(labels, predictions)}.",
+                    )
+                )
+            self._merge(got)
+
+    def _merge(self, states: dict[str, Any]) -> None:
+        for k, v in states.items():
+            if k in _RESERVED:
+                raise ValueError(
+                    message(
+                        f"A metric may not be named {k!r}: evaluate() reports it itself.",
+                        f"metric name {k!r}",
+                        "Rename the metric.",
+                    )
+                )
+            if not isinstance(v, Metric):
+                raise TypeError(
+                    message(
+                        "Each metric must be a tpu_estimator.metrics state (e.g. "
+                        "metrics.accuracy(labels, predictions)).",
+                        f"metric {k!r} of type {type(v).__name__}",
+                        "Wrap a plain value with metrics.mean(value).",
+                    )
+                )
+            self.states[k] = self.states[k].merge(v) if k in self.states else v
+
+    def loss_so_far(self) -> float:
+        return self.loss_sum / max(self.count, 1)
+
+    def results(self) -> dict[str, Any]:
+        out = {k: v.compute() for k, v in self.states.items()}
+        out["loss"] = self.loss_so_far()
+        return out

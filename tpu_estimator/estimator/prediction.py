@@ -1,0 +1,123 @@
+"""The host side of `predict()`: a generator of predictions in input order.
+
+A final short batch is padded to the batch size (one compiled program) and
+the padding rows are dropped: exactly one prediction per input example.
+Closing or abandoning the generator stops the input thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import jax
+import numpy as np
+
+from tpu_estimator.api._checks import message
+from tpu_estimator.api.mode_keys import ModeKeys
+from tpu_estimator.estimator import hook_runner
+from tpu_estimator.feeding.device import batch_specs, to_device
+from tpu_estimator.feeding.prefetch import Prefetch
+from tpu_estimator.hooks.session_run_hook import RunContext
+
+if TYPE_CHECKING:
+    from tpu_estimator.estimator.tpu_estimator import TPUEstimator
+
+
+def predict(
+    est: "TPUEstimator",
+    input_fn: Any,
+    *,
+    predict_keys: Sequence[str] | None,
+    hooks: Sequence[Any] | None,
+    checkpoint_path: str | None,
+    yield_single_examples: bool,
+) -> Iterator[Any]:
+    """Implements `TPUEstimator.predict` (see there). Checks arguments before the first `next()`."""
+    hooks = hook_runner.check_hooks(hooks, "hooks")
+    if predict_keys is not None:
+        if isinstance(predict_keys, str):
+            predict_keys = [predict_keys]
+        predict_keys = list(predict_keys)
+    return _generate(est, input_fn, predict_keys, hooks, checkpoint_path, yield_single_examples)
+
+
+def _generate(est, input_fn, predict_keys, hooks, checkpoint_path, single) -> Iterator[Any]:
+    step = est._checkpoint_step(checkpoint_path)
+    runtime = est._runtime(ModeKeys.PREDICT)
+    batches, _ = est._host_batches(runtime, input_fn)
+    first = next(batches, None)
+    if first is None:
+        return
+    state = est._state_for(runtime, first, batches.axes, step, train=False)
+    all_hooks = [*hooks, *runtime.spec.hooks]
+    specs = batch_specs(batches.axes[0])
+    topo = est._topology
+    variables = state.variables
+    global_step = int(jax.device_get(state.step))
+
+    def device_batches() -> Iterator[Any]:
+        for b in itertools.chain([first], batches):
+            yield b, to_device(b.features, specs, topo)
+
+    hook_runner.call_all(all_hooks, "begin")
+    hook_runner.call_all(all_hooks, "after_create_session", est, None)
+    feed = Prefetch(device_batches())
+    try:
+        for host, device in feed:
+            ctx = RunContext(session=est)
+            requests = [h.before_run(ctx) for h in all_hooks]
+            out = runtime.program("predict")(variables, state.step, state.rng, device)
+            preds = _select(jax.device_get(out), predict_keys)
+            preds = jax.tree.map(lambda x: np.asarray(x)[: host.num_real], preds)
+            hook_runner.after_run(all_hooks, ctx, requests, {"global_step": global_step}, global_step)
+            if single:
+                yield from _examples(preds)
+            else:
+                yield preds
+            if ctx.stop_requested:
+                break
+        hook_runner.call_all(all_hooks, "end", est)
+    finally:
+        feed.close()
+
+
+def _select(preds: Any, keys: list[str] | None) -> Any:
+    if keys is None:
+        return preds
+    if not isinstance(preds, dict):
+        raise ValueError(
+            message(
+                "predict_keys can only be used when model_fn's predictions are a dict.",
+                f"predict_keys={keys!r} with predictions of type {type(preds).__name__}",
+                "Return predictions={'name': array, ...} or pass predict_keys=None.",
+            )
+        )
+    missing = [k for k in keys if k not in preds]
+    if missing:
+        raise ValueError(
+            message(
+                "Every predict_key must be a key of model_fn's predictions.",
+                f"predict_keys={keys!r}; unknown {missing}; available {sorted(preds)}",
+            )
+        )
+    return {k: preds[k] for k in keys}
+
+
+def _examples(preds: Any) -> Iterator[Any]:
+    if not isinstance(preds, dict):
+        yield from np.asarray(preds)
+        return
+    sizes = {k: np.shape(v)[0] if np.ndim(v) else None for k, v in preds.items()}
+    if len(set(sizes.values())) != 1 or None in sizes.values():
+        raise ValueError(
+            message(
+                "With yield_single_examples=True every prediction must have the same batch "
+                "size as its first dimension.",
+                f"first dimensions {sizes}",
+                "Use yield_single_examples=False to get whole batches.",
+            )
+        )
+    n = next(iter(sizes.values()))
+    for i in range(n):
+        yield {k: v[i] for k, v in preds.items()}

@@ -1,0 +1,119 @@
+"""`Runtime`: one mode's layout, bound model_fn, compiled programs and state loading.
+
+The estimator keeps one Runtime per (mode, batch size), so a second call of
+`train()`/`evaluate()`/`predict()` reuses the compiled programs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable
+
+import jax
+import numpy as np
+
+from tpu_estimator.api.mode_keys import ModeKeys
+from tpu_estimator.feeding.host_batches import HostBatch
+from tpu_estimator.loops import evaluate as eval_loops
+from tpu_estimator.loops import predict as predict_loops
+from tpu_estimator.loops import train as train_loops
+from tpu_estimator.model.module import bind_model
+from tpu_estimator.model.spec_view import SpecView, view_spec
+from tpu_estimator.model.state import TrainState
+from tpu_estimator.parallel.layout import DataLayout
+
+if TYPE_CHECKING:
+    from tpu_estimator.estimator.tpu_estimator import TPUEstimator
+
+log = logging.getLogger("tpu_estimator")
+
+
+class Runtime:
+    """Programs and state handling of one mode."""
+
+    def __init__(self, est: "TPUEstimator", mode: str, layout: DataLayout) -> None:
+        self.est = est
+        self.mode = mode
+        self.layout = layout
+        batch = layout.per_replica_batch_size if layout.global_batch_size else None
+        self.model = bind_model(est._model_fn, est._model_fn_args, mode, est.params, est.config, batch)
+        self.example_model = bind_model(est._model_fn, est._model_fn_args, mode, est.params, est.config, 1)
+        self.spec: SpecView | None = None  # the latest traced spec (hooks, host_call_fn, ...)
+        self._programs: dict[str, Callable[..., Any]] = {}
+
+    def view(self, spec: Any) -> SpecView:
+        """Checks what model_fn returned and remembers its host-side parts."""
+        sv = view_spec(spec, self.mode, use_tpu=self.est._use_tpu, eval_on_tpu=self.est._eval_on_tpu)
+        self.spec = sv
+        return sv
+
+    def program(self, kind: str) -> Callable[..., Any]:
+        """The jitted program `kind`, built once and cached."""
+        if kind not in self._programs:
+            topo = self.est._topology
+            builders = {
+                "init": lambda: train_loops.init_program(
+                    self.model, self.view, topo, self.est.config.seed, self.mode == ModeKeys.TRAIN
+                ),
+                "scan": lambda: train_loops.scan_program(self.model, self.view, topo),
+                "step": lambda: train_loops.step_program(self.model, self.view, topo),
+                "eval": lambda: eval_loops.eval_program(self.model, self.view, topo, per_example=False),
+                "eval_examples": lambda: eval_loops.eval_program(
+                    self.example_model, self.view, topo, per_example=True
+                ),
+                "predict": lambda: predict_loops.predict_program(self.model, self.view, topo),
+            }
+            self._programs[kind] = builders[kind]()
+        return self._programs[kind]
+
+    # --- state -----------------------------------------------------------------
+
+    def replica_sample(self, batch: HostBatch, axes: Any) -> tuple[Any, Any]:
+        """The first replica's share of a host batch: what model_fn sees, for initialisation."""
+        n = self.layout.per_replica_batch_size if self.layout.global_batch_size else batch.num_real
+        labels = None if self.mode == ModeKeys.PREDICT else batch.labels
+        tree = (batch.features, labels)
+        axes = (axes[0], None if labels is None else axes[1])
+        return jax.tree.map(lambda a, x: np.take(x, np.arange(n), axis=a), axes, tree)
+
+    def load_state(self, batch: HostBatch, axes: Any, step: int | None) -> TrainState:
+        """The state at checkpoint `step` of model_dir, or a fresh initialisation (step None)."""
+        sample = self.replica_sample(batch, axes)
+        init = self.program("init")
+        train = self.mode == ModeKeys.TRAIN
+        if step is None:
+            state = init(*sample)
+            return self._after_init(state)
+        ckpt = self.est._checkpointer()
+        if train:
+            abstract = jax.eval_shape(init, *sample)
+            rep = self.est._topology.replicated()
+            abstract = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), abstract
+            )
+            return ckpt.restore(step, abstract)
+        jax.eval_shape(init, *sample)  # traces model_fn in this mode: checks names, finds hooks
+        raw = ckpt.restore_raw(step)
+        state = TrainState(
+            params=raw["params"],
+            collections=dict(raw.get("collections") or {}),
+            opt_state=None,
+            step=np.asarray(raw["step"], np.int32),
+            rng=np.asarray(raw["rng"], np.uint32),
+        )
+        return jax.device_put(state, self.est._topology.replicated())
+
+    def _after_init(self, state: TrainState) -> TrainState:
+        """Applies the spec's Scaffold.init_fn (once, on the host) to fresh variables."""
+        scaffold = self.spec.scaffold if self.spec is not None else None
+        init_fn = getattr(scaffold, "init_fn", None)
+        if init_fn is None:
+            return state
+        variables = init_fn(jax.device_get(state.variables))
+        variables = dict(variables)
+        params = variables.pop("params", state.params)
+        rep = self.est._topology.replicated()
+        return state.replace(
+            params=jax.device_put(params, rep),
+            collections=jax.device_put({**state.collections, **variables}, rep),
+        )

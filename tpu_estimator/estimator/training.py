@@ -1,0 +1,269 @@
+"""The host side of `train()`: feeds loops, runs hooks, host calls, logs and checkpoints.
+
+One loop = `iterations_per_loop` steps in one compiled program ("scan"), or
+the same steps dispatched one by one ("step"; XLA:CPU runs convolutions in
+`lax.scan` slowly). Hooks, host calls, logging and checkpoints happen at loop
+boundaries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import jax
+import numpy as np
+
+from tpu_estimator.api._checks import message
+from tpu_estimator.api.mode_keys import ModeKeys
+from tpu_estimator.estimator import hook_runner
+from tpu_estimator.estimator.runtime import Runtime
+from tpu_estimator.estimator.schedule import LoopSchedule
+from tpu_estimator.feeding.device import batch_specs, to_device
+from tpu_estimator.feeding.host_batches import HostBatch, HostBatches
+from tpu_estimator.feeding.input_state import get_input_state
+from tpu_estimator.feeding.prefetch import Prefetch
+from tpu_estimator.hooks.session_run_hook import RunContext
+from tpu_estimator.loops.strategy import choose_strategy
+
+if TYPE_CHECKING:
+    from tpu_estimator.estimator.tpu_estimator import TPUEstimator
+
+log = logging.getLogger("tpu_estimator")
+
+# Most bytes of stacked input one program receives; a longer loop is fed in chunks.
+MAX_CHUNK_BYTES = 256 << 20
+# Most single-step programs in flight before the host waits (XLA:CPU collectives
+# deadlock with ~50 in flight; see DESIGN.md).
+MAX_IN_FLIGHT = 16
+
+
+class NanLossDuringTrainingError(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+@dataclasses.dataclass
+class Chunk:
+    """Device input for some steps of one loop."""
+
+    data: Any  # stacked [k, B, ...] (scan) or a list of k batches (step)
+    steps: int
+    end_of_loop: bool
+    input_state: Any
+
+
+def check_steps(steps: Any, max_steps: Any) -> None:
+    """The original's argument rules for train(steps=, max_steps=)."""
+    if steps is not None and max_steps is not None:
+        raise ValueError(
+            message(
+                "Give at most one of `steps` (relative) and `max_steps` (absolute).",
+                f"steps={steps!r}, max_steps={max_steps!r}",
+            )
+        )
+    for name, value in (("steps", steps), ("max_steps", max_steps)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(message(f"`{name}` must be a positive int or None.", f"{name}={value!r}"))
+        if value <= 0:
+            raise ValueError(message(f"Must specify {name} > 0.", f"{name}={value!r}"))
+
+
+def chunks(
+    batches: Iterator[HostBatch],
+    schedule: LoopSchedule,
+    specs: Any,
+    runtime: Runtime,
+    strategy: str,
+    iterator: Any,
+) -> Iterator[Chunk]:
+    """Runs on the feeder thread: groups host batches into loops, moves them to the devices."""
+    topo = runtime.est._topology
+    while (size := schedule.next_size()) is not None:
+        done = 0
+        while done < size:
+            first = next(batches, None)
+            if first is None:
+                return
+            per_batch = sum(x.nbytes for x in jax.tree.leaves(first.tree))
+            limit = min(size - done, max(1, MAX_CHUNK_BYTES // max(per_batch, 1)))
+            group = [first, *itertools.islice(batches, limit - 1)]
+            done += len(group)
+            state = get_input_state(iterator)
+            last = done >= size or len(group) < limit
+            if strategy == "scan":
+                stacked = jax.tree.map(lambda *xs: np.stack(xs), *[b.tree for b in group])
+                data = to_device(stacked, specs["stacked"], topo)
+            else:
+                data = [to_device(b.tree, specs["single"], topo) for b in group]
+            yield Chunk(data, len(group), last, state)
+            if len(group) < limit:
+                return
+
+
+def train(
+    est: "TPUEstimator",
+    input_fn: Any,
+    *,
+    hooks: Sequence[Any] | None,
+    steps: int | None,
+    max_steps: int | None,
+    saving_listeners: Sequence[Any] | None,
+) -> None:
+    """Implements `TPUEstimator.train` (see there)."""
+    check_steps(steps, max_steps)
+    hooks = hook_runner.check_hooks(hooks, "hooks")
+    listeners = hook_runner.check_listeners(saving_listeners)
+    ckpt = est._checkpointer()
+    latest = ckpt.latest_step()
+    start = latest or 0
+    if max_steps is not None and start >= max_steps:
+        log.info("Skipping training: global step %d already reached max_steps=%d.", start, max_steps)
+        return
+    last = start + steps if steps is not None else max_steps
+    runtime = est._runtime(ModeKeys.TRAIN)
+    batches, iterator = est._host_batches(runtime, input_fn, restore_step=latest)
+    initial_input_state = get_input_state(iterator)
+    first = next(batches, None)
+    if first is None:
+        log.warning("input_fn yielded no batch: nothing to train.")
+        return
+    state = est._state_for(runtime, first, batches.axes, latest, train=True)
+    strategy = choose_strategy(est.config.tpu_config.loop_strategy, runtime, state, first, batches.axes)
+    specs = {
+        "stacked": batch_specs(batches.axes, leading=1, replicated=runtime.layout.replicated_input),
+        "single": batch_specs(batches.axes, replicated=runtime.layout.replicated_input),
+    }
+    schedule = LoopSchedule(est.config.tpu_config.iterations_per_loop_parsed, start, last)
+    all_hooks = [*hooks, *(runtime.spec.hooks if runtime.spec else ())]
+    if jax.process_index() == 0:
+        all_hooks.extend(runtime.spec.chief_hooks if runtime.spec else ())
+    feed = Prefetch(
+        chunks(itertools.chain([first], batches), schedule, specs, runtime, strategy, iterator)
+    )
+    loop = _Loop(est, runtime, ckpt, all_hooks, listeners, strategy, schedule)
+    try:
+        loop.run(state, feed, initial_input_state)
+    finally:
+        feed.close()
+        ckpt.wait()
+
+
+class _Loop:
+    """The host loop of one train() call."""
+
+    def __init__(self, est, runtime, ckpt, hooks, listeners, strategy, schedule) -> None:
+        self.est, self.runtime, self.ckpt = est, runtime, ckpt
+        self.hooks, self.listeners = hooks, listeners
+        self.strategy, self.schedule = strategy, schedule
+        cfg = est.config
+        self.log_every = cfg.log_step_count_steps
+        self.ckpt_steps = cfg.save_checkpoints_steps
+        self.ckpt_secs = cfg.save_checkpoints_secs
+        self.examples_per_step = runtime.layout.global_batch_size or 0
+
+    def run(self, state: Any, feed: Iterator[Chunk], first_input_state: Any) -> None:
+        step = int(jax.device_get(state.step))
+        hook_runner.call_all(self.hooks, "begin")
+        for lis in self.listeners:
+            lis.begin()
+        input_state = first_input_state
+        if step not in self.ckpt.all_steps():
+            self._save(state, step, input_state)
+        hook_runner.call_all(self.hooks, "after_create_session", self.est, None)
+        last_save_step, last_save_time = step, time.monotonic()
+        last_log_step, last_log_time = step, time.monotonic()
+        stop = False
+        try:
+            while not stop:
+                ctx = RunContext(session=self.est)
+                requests = [h.before_run(ctx) for h in self.hooks]
+                t0 = time.monotonic()
+                state, losses, host_outputs, n, input_state = self._run_loop(state, feed, input_state)
+                if n == 0:
+                    break
+                step += n
+                self.schedule.report(n, time.monotonic() - t0)
+                if not np.all(np.isfinite(losses)):
+                    bad = step - n + 1 + int(np.argmin(np.isfinite(losses)))
+                    raise NanLossDuringTrainingError(
+                        f"Model diverged with loss = {losses[~np.isfinite(losses)][0]} at global "
+                        f"step {bad}. The last checkpoint (step {self.ckpt.latest_step()}) is kept."
+                    )
+                self._host_calls(host_outputs, step - n)
+                values = {"loss": float(losses[-1]), "global_step": step}
+                hook_runner.after_run(self.hooks, ctx, requests, values, step)
+                stop = ctx.stop_requested
+                now = time.monotonic()
+                if self.log_every and step - last_log_step >= self.log_every:
+                    rate = (step - last_log_step) / max(now - last_log_time, 1e-9)
+                    log.info(
+                        "loss = %.6g, step = %d (%.3g steps/sec, %.4g examples/sec)",
+                        losses[-1], step, rate, rate * self.examples_per_step,
+                    )
+                    last_log_step, last_log_time = step, now
+                due = (self.ckpt_steps and step - last_save_step >= self.ckpt_steps) or (
+                    self.ckpt_secs is not None and now - last_save_time >= self.ckpt_secs
+                )
+                if due:
+                    stop |= self._save(state, step, input_state)
+                    last_save_step, last_save_time = step, time.monotonic()
+        finally:
+            self.est._remember_state(state)
+        self._save(state, step, input_state)
+        for lis in self.listeners:
+            lis.end(self.est, step)
+        hook_runner.call_all(self.hooks, "end", self.est)
+
+    def _run_loop(self, state, feed, input_state):
+        """Runs the chunks of one loop; (state, losses, host_call outputs, steps, input state)."""
+        losses, host, n = [], [], 0
+        for chunk in feed:
+            if self.strategy == "scan":
+                state, out = self.runtime.program("scan")(state, chunk.data)
+                losses.append(out["loss"])
+                host.append(out["host_call"])
+            else:
+                prog = self.runtime.program("step")
+                for i, batch in enumerate(chunk.data):
+                    state, out = prog(state, batch)
+                    losses.append(out["loss"][None])
+                    host.append(jax.tree.map(lambda x: x[None], out["host_call"]))
+                    if (i + 1) % MAX_IN_FLIGHT == 0:
+                        jax.block_until_ready(state)
+            n += chunk.steps
+            input_state = chunk.input_state
+            if chunk.end_of_loop:
+                break
+        if n == 0:
+            return state, np.zeros(0), None, 0, input_state
+        loss = np.concatenate([np.asarray(x) for x in losses])
+        host_out = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *host)
+        return state, loss, host_out, n, input_state
+
+    def _host_calls(self, outputs: Any, first_step: int) -> None:
+        spec = self.runtime.spec
+        if spec is None or spec.host_call_fn is None or outputs is None:
+            return
+        every = self.est.config.tpu_config.experimental_host_call_every_n_steps
+        k = len(jax.tree.leaves(outputs)[0]) if jax.tree.leaves(outputs) else 0
+        for i in range(0, k, every):
+            args = jax.tree.map(lambda x: x[i], outputs)
+            if isinstance(args, dict):
+                spec.host_call_fn(**args)
+            else:
+                spec.host_call_fn(*args)
+
+    def _save(self, state: Any, step: int, input_state: Any) -> bool:
+        """Saves a checkpoint with listeners around it; True if a listener asks to stop."""
+        for lis in self.listeners:
+            lis.before_save(self.est, step)
+        self.ckpt.save(step, state, input_state)
+        stop = False
+        for lis in self.listeners:
+            stop |= bool(lis.after_save(self.est, step))
+        return stop

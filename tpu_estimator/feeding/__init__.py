@@ -1,0 +1,1 @@
+"""Input feeding: input_fn's host batches become sharded device arrays, prefetched."""

@@ -1,0 +1,1 @@
+"""The compiled programs: pure step maths, scanned or dispatched per step."""

@@ -1,0 +1,1 @@
+"""The device mesh and the batch arithmetic over it."""

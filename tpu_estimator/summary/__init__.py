@@ -1,0 +1,1 @@
+"""TensorBoard summaries: event files written off the training path."""
