@@ -27,7 +27,8 @@ class DataLayout:
     Attributes:
       mode: the ModeKeys value.
       pipeline: the input pipeline mode in force for this mode.
-      global_batch_size: examples per step over all replicas.
+      global_batch_size: examples per step over all replicas (None: the input
+        decides; only with use_tpu=False).
       num_replicas: data-parallel replicas.
       num_hosts: processes feeding input.
       replicated_input: True when every replica gets the whole batch (BROADCAST).
@@ -35,7 +36,7 @@ class DataLayout:
 
     mode: str
     pipeline: InputPipelineConfig
-    global_batch_size: int
+    global_batch_size: int | None
     num_replicas: int
     num_hosts: int
     replicated_input: bool = False
@@ -56,6 +57,9 @@ class DataLayout:
           ValueError: no batch size, or one not divisible by the replica count.
         """
         arg = _BATCH_ARG[mode]
+        if batch_size is None and not use_tpu:
+            # One device and no batch size: input_fn decides, params has no batch_size.
+            return cls(mode, InputPipelineConfig.PER_HOST_V1, None, 1, 1)
         if batch_size is None:
             raise ValueError(
                 message(
