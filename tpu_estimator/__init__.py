@@ -45,4 +45,12 @@ from tpu_estimator.estimator.training import (
 )
 from tpu_estimator.parallel.input_context import InputContext as InputContext
 
+# --- export and serving ---
+from tpu_estimator.export.inference import (
+    ExportSavedModelApiVersion as ExportSavedModelApiVersion,
+)
+from tpu_estimator.export.inference import inference_on_tpu as inference_on_tpu
+from tpu_estimator.export.loader import load_exported as load_exported
+from tpu_estimator.export.receivers import SupervisedInputReceiver as SupervisedInputReceiver
+
 __version__ = "0.1.0"

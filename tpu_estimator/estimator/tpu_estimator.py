@@ -295,6 +295,142 @@ class TPUEstimator:
             checkpoint_path=checkpoint_path, yield_single_examples=yield_single_examples,
         )
 
+    # --- export --------------------------------------------------------------
+
+    def export_saved_model(
+        self,
+        export_dir_base: str | os.PathLike[str],
+        serving_input_receiver_fn: Callable[[], Any],
+        assets_extra: dict[str, str] | None = None,
+        as_text: bool = False,
+        checkpoint_path: str | None = None,
+        experimental_mode: str = ModeKeys.PREDICT,
+    ) -> bytes:
+        """Exports the model as `jax.export` artifacts under `export_dir_base/<timestamp>`.
+
+        Calls `serving_input_receiver_fn()` for the input specs (a batch
+        dimension of None is exported symbolically: any batch size), calls
+        `model_fn` in `experimental_mode` with `params['use_tpu']` telling the
+        platform being exported (and no `params['batch_size']`), restores the
+        checkpoint and writes, atomically: `manifest.json`, one serialized
+        function per signature and tag set, the weights in safetensors and
+        `assets.extra/`. PREDICT gives one signature per `export_outputs` entry
+        (`serving_default` always), under the tags `serve` (CPU, with
+        `export_to_cpu`) and `serve,tpu` (CUDA and TPU, with `export_to_tpu`).
+        Load the result with `tpu_estimator.load_exported` or serve it with
+        `tpu-estimator serve`.
+
+        Args:
+          export_dir_base: Directory in which to create the timestamped export.
+          serving_input_receiver_fn: No-argument function returning a
+            `ServingInputReceiver` (a `SupervisedInputReceiver` for TRAIN/EVAL).
+          assets_extra: `{destination relative to assets.extra: source file}`.
+          as_text: Also write each lowered module as text (`.mlir`).
+          checkpoint_path: Checkpoint to export; None: the latest one.
+          experimental_mode: The mode to export (`ModeKeys.PREDICT` by default).
+
+        Returns:
+          The export directory as bytes.
+
+        Raises:
+          ValueError: no `serving_input_receiver_fn`, no `export_outputs`, no
+            checkpoint (`Couldn't find trained model at ...`), or neither
+            `export_to_cpu` nor `export_to_tpu`.
+
+        Example:
+          >>> fn = tpu_estimator.build_raw_serving_input_receiver_fn(
+          ...     {'x': tpu_estimator.TensorSpec((None, 4), 'float32')})
+          >>> path = est.export_saved_model('/tmp/export', fn)
+          >>> model = tpu_estimator.load_exported(path)
+        """
+        from tpu_estimator.export import exporter
+
+        return exporter.export_all(
+            self, export_dir_base, {experimental_mode: serving_input_receiver_fn},
+            assets_extra=assets_extra, as_text=as_text, checkpoint_path=checkpoint_path,
+        )
+
+    def export_savedmodel(
+        self,
+        export_dir_base: str | os.PathLike[str],
+        serving_input_receiver_fn: Callable[[], Any],
+        assets_extra: dict[str, str] | None = None,
+        as_text: bool = False,
+        checkpoint_path: str | None = None,
+        strip_default_attrs: bool = False,
+    ) -> bytes:
+        """Deprecated alias of `export_saved_model` (PREDICT mode); warns with a FutureWarning.
+
+        Args:
+          export_dir_base, serving_input_receiver_fn, assets_extra, as_text,
+          checkpoint_path: As in `export_saved_model`.
+          strip_default_attrs: Ignored (there are no graph node attributes).
+
+        Returns:
+          The export directory as bytes.
+
+        Raises:
+          ValueError: as `export_saved_model`.
+
+        Example:
+          >>> est.export_savedmodel('/tmp/export', fn)  # use export_saved_model
+        """
+        import warnings
+
+        warnings.warn(
+            "export_savedmodel is deprecated; use export_saved_model (same arguments, "
+            "without strip_default_attrs).",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return self.export_saved_model(
+            export_dir_base, serving_input_receiver_fn, assets_extra=assets_extra,
+            as_text=as_text, checkpoint_path=checkpoint_path,
+        )
+
+    def experimental_export_all_saved_models(
+        self,
+        export_dir_base: str | os.PathLike[str],
+        input_receiver_fn_map: dict[str, Callable[[], Any]],
+        assets_extra: dict[str, str] | None = None,
+        as_text: bool = False,
+        checkpoint_path: str | None = None,
+    ) -> bytes:
+        """Exports TRAIN, EVAL and/or PREDICT in one directory, with one set of weights.
+
+        PREDICT is exported as in `export_saved_model`. EVAL gives the tag set
+        `eval` with the signature `eval` (outputs `loss`,
+        `metrics/<name>/value` for one batch, `predictions/<key>`); TRAIN the
+        tag set `train` with the signature `train` (outputs `loss` and
+        predictions; it does not update the weights). TRAIN and EVAL are
+        exported for CPU only and take their labels from a
+        `SupervisedInputReceiver`.
+
+        Args:
+          export_dir_base: Directory in which to create the timestamped export.
+          input_receiver_fn_map: `{ModeKeys.X: receiver_fn}`.
+          assets_extra: As in `export_saved_model`.
+          as_text: As in `export_saved_model`.
+          checkpoint_path: Checkpoint to export; None: the latest one.
+
+        Returns:
+          The export directory as bytes.
+
+        Raises:
+          ValueError: a receiver function is None, no `export_outputs`, or no
+            checkpoint.
+
+        Example:
+          >>> est.experimental_export_all_saved_models(
+          ...     '/tmp/export', {ModeKeys.EVAL: eval_receiver_fn, ModeKeys.PREDICT: fn})
+        """
+        from tpu_estimator.export import exporter
+
+        return exporter.export_all(
+            self, export_dir_base, input_receiver_fn_map,
+            assets_extra=assets_extra, as_text=as_text, checkpoint_path=checkpoint_path,
+        )
+
     # --- internals used by the drivers ---------------------------------------
 
     @functools.cached_property

@@ -1,0 +1,1 @@
+"""Export (`jax.export` artifacts, manifest, safetensors weights) and loading without model code."""

@@ -1,0 +1,265 @@
+"""`export_saved_model` and friends: `jax.export` artifacts written atomically.
+
+The estimator's export methods delegate here. Each requested meta graph
+(tag set) gets one serialized function per signature; the weights are stored
+once, in safetensors. The directory is written under a hidden temporary name
+and renamed to `<export_dir_base>/<unix timestamp>` when complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+import jax
+import numpy as np
+
+from tpu_estimator.api._checks import message
+from tpu_estimator.api.mode_keys import ModeKeys
+from tpu_estimator.api.serving_input import ServingInputReceiver
+from tpu_estimator.export import manifest as mf
+from tpu_estimator.export import variables as var_io
+from tpu_estimator.export.signatures import GraphFunctions, MetaGraphPlan, plan_meta_graphs
+
+if TYPE_CHECKING:
+    from tpu_estimator.estimator.tpu_estimator import TPUEstimator
+
+log = logging.getLogger("tpu_estimator")
+
+_RENAME_ATTEMPTS = 10
+
+
+def export_all(
+    est: "TPUEstimator",
+    export_dir_base: Any,
+    input_receiver_fn_map: Mapping[str, Callable[[], ServingInputReceiver]],
+    *,
+    assets_extra: Mapping[str, str] | None = None,
+    as_text: bool = False,
+    checkpoint_path: str | None = None,
+) -> bytes:
+    """Implements `experimental_export_all_saved_models` (and `export_saved_model`)."""
+    base = _check_base(export_dir_base)
+    modes = _check_map(input_receiver_fn_map)
+    assets = _check_assets(assets_extra)
+    if not est._export_to_cpu and not est._export_to_tpu:
+        raise ValueError("One of export_to_cpu and export_to_tpu must be true.")
+    receivers = {mode: _call_receiver_fn(mode, input_receiver_fn_map[mode]) for mode in modes}
+    variables, step = _variables(est, checkpoint_path)
+    flat, treedef = var_io.flatten(variables)
+    names = list(flat)
+    plans = plan_meta_graphs(modes, to_cpu=est._export_to_cpu, to_tpu=est._export_to_tpu)
+    if not plans:
+        raise ValueError(
+            message(
+                "Nothing to export: PREDICT with export_to_cpu=False exports only to TPU, "
+                "and only PREDICT exports to TPU.",
+                f"modes={modes}, export_to_cpu={est._export_to_cpu}, export_to_tpu={est._export_to_tpu}",
+                "Set export_to_cpu=True to export TRAIN/EVAL graphs.",
+            )
+        )
+
+    os.makedirs(base, exist_ok=True)
+    tmp = os.path.join(base, f".temp-{int(time.time())}-{uuid.uuid4().hex[:8]}")
+    os.makedirs(tmp)
+    try:
+        var_dtypes = var_io.save(flat, tmp, mf.VARIABLES_FILE)
+        var_avals = {n: jax.ShapeDtypeStruct(a.shape, a.dtype) for n, a in flat.items()}
+        graphs = []
+        for plan in plans:
+            fns = GraphFunctions(est, plan, receivers[plan.mode], treedef, names)
+            graphs.append(_export_graph(fns, var_avals, tmp, as_text=as_text))
+        for dest, src in assets.items():
+            path = os.path.join(tmp, mf.ASSETS_EXTRA_DIR, dest)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            shutil.copyfile(src, path)
+        manifest = {
+            "format": mf.FORMAT,
+            "format_version": mf.FORMAT_VERSION,
+            "versions": _versions(),
+            "global_step": step,
+            "export_saved_model_api_version": int(est._export_api_version),
+            "variables": {
+                "file": mf.VARIABLES_FILE,
+                "dtypes": var_dtypes,
+                "tensors": {n: mf.spec_json(a.shape, a.dtype) for n, a in flat.items()},
+            },
+            "meta_graphs": graphs,
+            "assets_extra": sorted(assets),
+        }
+        mf.write_manifest(tmp, manifest)
+        final = _rename_to_timestamp(tmp, base)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("Exported %s (tags %s).", final, [g["tags"] for g in graphs])
+    return os.fsencode(final)
+
+
+def _export_graph(fns: GraphFunctions, var_avals: Any, out_dir: str, *, as_text: bool) -> dict[str, Any]:
+    plan: MetaGraphPlan = fns.plan
+    receiver = fns.receiver
+    (batch,) = jax.export.symbolic_shape("batch")
+    in_avals = {
+        name: jax.ShapeDtypeStruct(tuple(batch if d is None else d for d in spec.shape), spec.dtype)
+        for name, spec in receiver.receiver_tensors.items()
+    }
+    methods, batching = fns.describe(var_avals, in_avals)
+    signatures = {}
+    for sig, method in sorted(methods.items()):
+        try:
+            exported = jax.export.export(jax.jit(fns.signature_fn(sig)), platforms=plan.platforms)(
+                var_avals, in_avals
+            )
+        except Exception as e:
+            if "symbolic" not in str(e) and "polymorphi" not in str(e):
+                raise
+            raise ValueError(
+                message(
+                    "model_fn could not be exported with a symbolic batch dimension.",
+                    f"mode={plan.mode!r}, signature={sig!r}: {str(e).splitlines()[0]}",
+                    "Avoid Python ints derived from the batch size in model_fn, or give the "
+                    "receiver TensorSpecs a fixed batch size (default_batch_size=...).",
+                )
+            ) from e
+        rel = mf.function_path(plan.tags, sig)
+        path = os.path.join(out_dir, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(exported.serialize())
+        if as_text:
+            with open(os.path.join(out_dir, mf.function_path(plan.tags, sig, ".mlir")), "w") as f:
+                f.write(exported.mlir_module())
+        signatures[sig] = {
+            "method_name": method,
+            "file": rel,
+            "inputs": {n: mf.spec_json(s.shape, s.dtype) for n, s in receiver.receiver_tensors.items()},
+            "outputs": _output_specs(exported),
+        }
+    return {
+        "tags": list(plan.tags),
+        "platforms": list(plan.platforms),
+        "mode": plan.mode,
+        "batching": batching[0] if batching else None,
+        "signatures": signatures,
+    }
+
+
+def _output_specs(exported: Any) -> dict[str, Any]:
+    index = jax.tree.unflatten(exported.out_tree, list(range(len(exported.out_avals))))
+    return {name: mf.spec_json(exported.out_avals[i].shape, exported.out_avals[i].dtype) for name, i in index.items()}
+
+
+def _variables(est: "TPUEstimator", checkpoint_path: str | None) -> tuple[dict[str, Any], int | None]:
+    """The variables to export ({'params': ..., other collections}) and their global step."""
+    step = est._checkpoint_step(checkpoint_path)
+    if step is None:
+        variables = _warm_start_variables(est)
+        if variables is None:
+            raise ValueError(f"Couldn't find trained model at {est.model_dir}.")
+        return variables, None
+    raw = est._checkpointer().restore_raw(step)
+    return {"params": raw["params"], **dict(raw.get("collections") or {})}, int(step)
+
+
+def _warm_start_variables(est: "TPUEstimator") -> dict[str, Any] | None:
+    """HOOK POINT for warm start: variables to export when model_dir has no checkpoint.
+
+    The original exported the `warm_start_from` variables in that case. Until
+    the warm-start module provides them (from `est._warm_start_from`), an
+    estimator without checkpoints cannot be exported.
+    """
+    return None
+
+
+def _rename_to_timestamp(tmp: str, base: str) -> str:
+    """Renames `tmp` to `base/<unix seconds>`; on a clash waits a second and retries."""
+    for _ in range(_RENAME_ATTEMPTS):
+        final = os.path.join(base, str(int(time.time())))
+        if not os.path.exists(final):
+            try:
+                os.rename(tmp, final)  # fails if another export took the name meanwhile
+                return final
+            except OSError:
+                pass
+        time.sleep(1.0)
+    raise RuntimeError(f"Failed to obtain a unique export directory name under {base} after "
+                       f"{_RENAME_ATTEMPTS} attempts.")
+
+
+def _versions() -> dict[str, Any]:
+    import jaxlib
+
+    import tpu_estimator
+
+    return {
+        "tpu_estimator": tpu_estimator.__version__,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "numpy": np.__version__,
+        "serialization": "jax.export",
+    }
+
+
+def _check_base(export_dir_base: Any) -> str:
+    if not isinstance(export_dir_base, (str, bytes, os.PathLike)) or not os.fsdecode(export_dir_base):
+        raise TypeError(
+            message("`export_dir_base` must be a non-empty path.", f"export_dir_base={export_dir_base!r}")
+        )
+    return os.path.abspath(os.fsdecode(export_dir_base))
+
+
+def _check_map(fn_map: Any) -> list[str]:
+    if not isinstance(fn_map, Mapping) or not fn_map:
+        raise ValueError(
+            message(
+                "`input_receiver_fn_map` must be a non-empty dict of ModeKeys to receiver functions.",
+                f"input_receiver_fn_map={fn_map!r}",
+            )
+        )
+    for mode, fn in fn_map.items():
+        ModeKeys.validate(mode)
+        if fn is None:
+            raise ValueError("An input_receiver_fn must be defined.")
+        if not callable(fn):
+            raise TypeError(
+                message("An input_receiver_fn must be a callable taking no arguments.", f"{mode}: {fn!r}")
+            )
+    return list(fn_map)
+
+
+def _call_receiver_fn(mode: str, fn: Callable[[], Any]) -> ServingInputReceiver:
+    receiver = fn()
+    if not isinstance(receiver, ServingInputReceiver):
+        raise TypeError(
+            message(
+                "The input receiver function must return a ServingInputReceiver "
+                "(or a SupervisedInputReceiver for TRAIN/EVAL).",
+                f"{mode}: {type(receiver).__name__}",
+                "Use tpu_estimator.build_raw_serving_input_receiver_fn({...}).",
+            )
+        )
+    return receiver
+
+
+def _check_assets(assets_extra: Any) -> dict[str, str]:
+    if assets_extra is None:
+        return {}
+    if not isinstance(assets_extra, Mapping):
+        raise TypeError(message("`assets_extra` must be a dict of destination to source path.",
+                                f"assets_extra={type(assets_extra).__name__}"))
+    out = {}
+    for dest, src in assets_extra.items():
+        dest = os.path.normpath(os.fsdecode(dest))
+        if os.path.isabs(dest) or dest.startswith(".."):
+            raise ValueError(message("`assets_extra` destinations must be relative paths inside "
+                                     "assets.extra.", f"destination {dest!r}"))
+        if not os.path.isfile(os.fsdecode(src)):
+            raise ValueError(message("`assets_extra` sources must be existing files.",
+                                     f"assets_extra[{dest!r}]={src!r}"))
+        out[dest] = os.fsdecode(src)
+    return out

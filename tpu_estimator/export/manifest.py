@@ -1,0 +1,105 @@
+"""The layout of an export directory and its JSON manifest.
+
+```
+<export_dir_base>/<timestamp>/
+  manifest.json                     signatures, tags, platforms, specs, versions
+  variables/variables.safetensors   the weights (flat names: 'params/Dense_0/kernel')
+  functions/<tags>/<signature>.jaxexport   serialized `jax.export.Exported` (StableHLO)
+  functions/<tags>/<signature>.mlir        as_text=True only: the lowered module
+  assets.extra/                     files from `assets_extra`
+```
+
+Every serialized function is called as `fn(variables, inputs)` where
+`variables` is the flat dict of the safetensors file and `inputs` the dict of
+named input arrays; it returns the dict of named outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from tpu_estimator.api._checks import message
+
+FORMAT = "tpu_estimator.export"
+FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+VARIABLES_FILE = os.path.join("variables", "variables.safetensors")
+FUNCTIONS_DIR = "functions"
+ASSETS_EXTRA_DIR = "assets.extra"
+
+SERVING = "serve"
+TPU = "tpu"
+TRAINING = "train"
+EVAL = "eval"
+CPU_PLATFORMS = ("cpu",)
+ACCELERATOR_PLATFORMS = ("cuda", "tpu")
+
+TRAIN_METHOD_NAME = "tensorflow/supervised/training"
+EVAL_METHOD_NAME = "tensorflow/supervised/eval"
+
+
+def tags_key(tags: Any) -> str:
+    """A tag set as a stable string: ('serve', 'tpu') -> 'serve,tpu' (order-insensitive)."""
+    if isinstance(tags, str):
+        tags = [t for t in tags.split(",") if t]
+    return ",".join(sorted(set(tags)))
+
+
+def function_path(tags: Any, signature: str, suffix: str = ".jaxexport") -> str:
+    return os.path.join(FUNCTIONS_DIR, tags_key(tags).replace(",", "+"), signature + suffix)
+
+
+def spec_json(shape: Any, dtype: Any) -> dict[str, Any]:
+    """{'dtype': 'float32', 'shape': [None, 4]}; non-integer (symbolic) dims become None."""
+    dims = [int(d) if isinstance(d, (int, np.integer)) else None for d in shape]
+    return {"dtype": np.dtype(dtype).name, "shape": dims}
+
+
+def read_manifest(export_dir: str) -> dict[str, Any]:
+    """The manifest of one export directory; ValueError if it is not one."""
+    path = os.path.join(os.fspath(export_dir), MANIFEST_FILE)
+    if not os.path.isfile(path):
+        raise ValueError(
+            message(
+                "Expected an export directory holding manifest.json (written by export_saved_model).",
+                f"path={os.fspath(export_dir)!r}",
+                "Pass the <export_dir_base>/<timestamp> directory that export_saved_model returned.",
+            )
+        )
+    with open(path, encoding="utf-8") as f:
+        manifest = json.load(f)
+    if manifest.get("format") != FORMAT or manifest.get("format_version", 0) > FORMAT_VERSION:
+        raise ValueError(
+            message(
+                f"Expected a {FORMAT} manifest of format_version <= {FORMAT_VERSION}.",
+                f"format={manifest.get('format')!r}, format_version={manifest.get('format_version')!r}",
+                "Upgrade tpu_estimator to load this export.",
+            )
+        )
+    return manifest
+
+
+def write_manifest(export_dir: str, manifest: dict[str, Any]) -> None:
+    with open(os.path.join(export_dir, MANIFEST_FILE), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def find_meta_graph(manifest: dict[str, Any], tags: Any) -> dict[str, Any]:
+    """The meta graph exported with exactly this tag set; ValueError listing those present."""
+    key = tags_key(tags)
+    for graph in manifest["meta_graphs"]:
+        if tags_key(graph["tags"]) == key:
+            return graph
+    present = [sorted(g["tags"]) for g in manifest["meta_graphs"]]
+    raise ValueError(
+        message(
+            f"Expected one of the exported tag sets: {present}.",
+            f"tags={sorted(key.split(',')) if key else []}",
+            "Pass one of those as `tags`, e.g. tags=('serve',) for the CPU program.",
+        )
+    )

@@ -1,0 +1,53 @@
+"""The exported weights: a flat dict of numpy arrays in one safetensors file (no pickle).
+
+Names join the tree path with '/' (`params/Dense_0/kernel`). Dtypes that
+safetensors' numpy API lacks (bfloat16, float8) are stored as same-width
+unsigned integers and viewed back on load; the manifest records their dtype.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import numpy as np
+import safetensors.numpy
+
+_NATIVE = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+           "float16", "float32", "float64"}
+
+
+def flatten(variables: Any) -> tuple[dict[str, np.ndarray], Any]:
+    """({'params/Dense_0/kernel': array, ...}, treedef of `variables`)."""
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(variables)
+    flat = {}
+    for path, leaf in leaves:
+        name = "/".join(str(getattr(p, "key", getattr(p, "idx", getattr(p, "name", p)))) for p in path)
+        if name in flat:
+            raise ValueError(f"Two variables flatten to the same name {name!r}; rename one layer.")
+        flat[name] = np.asarray(jax.device_get(leaf))
+    return flat, treedef
+
+
+def save(flat: dict[str, np.ndarray], export_dir: str, relpath: str) -> dict[str, str]:
+    """Writes the safetensors file; returns {name: dtype} for the non-native dtypes."""
+    stored, dtypes = {}, {}
+    for name, value in flat.items():
+        value = np.array(value, order="C", copy=None)  # (ascontiguousarray makes 0-d arrays 1-d)
+        if value.dtype.name not in _NATIVE:
+            dtypes[name] = value.dtype.name
+            value = value.view(np.dtype(f"uint{8 * value.dtype.itemsize}"))
+        stored[name] = value
+    path = os.path.join(export_dir, relpath)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    safetensors.numpy.save_file(stored, path)
+    return dtypes
+
+
+def load(export_dir: str, relpath: str, dtypes: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    """The flat dict written by `save`, with the recorded dtypes restored."""
+    flat = safetensors.numpy.load_file(os.path.join(export_dir, relpath))
+    for name, dtype in (dtypes or {}).items():
+        flat[name] = flat[name].view(jax.numpy.dtype(dtype))
+    return flat
