@@ -180,10 +180,11 @@ class TPUConfig:
             )
         optional_positive_int(self.initial_infeed_sleep_secs, "initial_infeed_sleep_secs")
         self._check_partition_dims(pipeline)
-        if self.eval_training_input_configuration not in (
+        eval_cfg = self.eval_training_input_configuration
+        if not (isinstance(eval_cfg, InputPipelineConfig) or is_int(eval_cfg)) or eval_cfg not in (
             InputPipelineConfig.PER_HOST_V1,
             InputPipelineConfig.SLICED,
-        ) or isinstance(self.eval_training_input_configuration, bool):
+        ):
             raise ValueError(
                 message(
                     "`eval_training_input_configuration` must be InputPipelineConfig.PER_HOST_V1 "
@@ -194,7 +195,11 @@ class TPUConfig:
         positive_int(
             self.experimental_host_call_every_n_steps, "experimental_host_call_every_n_steps"
         )
-        if self.loop_strategy not in ("auto", "scan", "step"):
+        if not isinstance(self.loop_strategy, str) or self.loop_strategy not in (
+            "auto",
+            "scan",
+            "step",
+        ):
             raise ValueError(
                 message(
                     "`loop_strategy` must be 'auto', 'scan' or 'step'.",
