@@ -53,4 +53,19 @@ from tpu_estimator.export.inference import inference_on_tpu as inference_on_tpu
 from tpu_estimator.export.loader import load_exported as load_exported
 from tpu_estimator.export.receivers import SupervisedInputReceiver as SupervisedInputReceiver
 
+# --- around the loop ---
+from tpu_estimator import summary as summary
+from tpu_estimator.hooks import CheckpointSaverHook as CheckpointSaverHook
+from tpu_estimator.hooks import LoggingTensorHook as LoggingTensorHook
+from tpu_estimator.hooks import NanTensorHook as NanTensorHook
+from tpu_estimator.hooks import ProfilerHook as ProfilerHook
+from tpu_estimator.hooks import StepCounterHook as StepCounterHook
+from tpu_estimator.hooks import StopAtStepHook as StopAtStepHook
+from tpu_estimator.hooks import SummarySaverHook as SummarySaverHook
+from tpu_estimator.hooks import make_early_stopping_hook as make_early_stopping_hook
+from tpu_estimator.hooks import stop_if_higher_hook as stop_if_higher_hook
+from tpu_estimator.hooks import stop_if_lower_hook as stop_if_lower_hook
+from tpu_estimator.hooks import stop_if_no_decrease_hook as stop_if_no_decrease_hook
+from tpu_estimator.hooks import stop_if_no_increase_hook as stop_if_no_increase_hook
+
 __version__ = "0.1.0"

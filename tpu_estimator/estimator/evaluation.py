@@ -22,7 +22,7 @@ from tpu_estimator.feeding.device import batch_specs, to_device
 from tpu_estimator.feeding.prefetch import Prefetch
 from tpu_estimator.hooks.session_run_hook import RunContext
 from tpu_estimator.metrics import Metric, merge_stacked
-from tpu_estimator.summary.writer import write_scalars
+from tpu_estimator.summary.eval_results import record_eval
 
 if TYPE_CHECKING:
     from tpu_estimator.estimator.tpu_estimator import TPUEstimator
@@ -85,8 +85,7 @@ def evaluate(
     results = acc.results()
     results["global_step"] = global_step
     hook_runner.call_all(all_hooks, "end", est)
-    if jax.process_index() == 0:
-        write_scalars(est.eval_dir(name), global_step, {k: v for k, v in results.items() if k != "global_step"})
+    record_eval(est.eval_dir(name), global_step, results)  # process 0: event file + eval_results.jsonl
     log.info("Evaluation at step %d: %s", global_step, results)
     return results
 

@@ -26,8 +26,10 @@ from tpu_estimator.feeding.device import batch_specs, to_device
 from tpu_estimator.feeding.host_batches import HostBatch, HostBatches
 from tpu_estimator.feeding.input_state import get_input_state
 from tpu_estimator.feeding.prefetch import Prefetch
+from tpu_estimator.hooks.nan_tensor import handles_non_finite_loss
 from tpu_estimator.hooks.session_run_hook import RunContext
 from tpu_estimator.loops.strategy import choose_strategy
+from tpu_estimator.summary.train_summaries import TrainSummaries, hook_values
 
 if TYPE_CHECKING:
     from tpu_estimator.estimator.tpu_estimator import TPUEstimator
@@ -165,6 +167,7 @@ class _Loop:
         self.ckpt_steps = cfg.save_checkpoints_steps
         self.ckpt_secs = cfg.save_checkpoints_secs
         self.examples_per_step = runtime.layout.global_batch_size or 0
+        self.summaries = TrainSummaries(est.model_dir, cfg.save_summary_steps, self.examples_per_step)
 
     def run(self, state: Any, feed: Iterator[Chunk], first_input_state: Any) -> None:
         step = int(jax.device_get(state.step))
@@ -174,30 +177,37 @@ class _Loop:
         input_state = first_input_state
         if step not in self.ckpt.all_steps():
             self._save(state, step, input_state)
+        self.est._remember_state(state)  # hooks may read the start step in after_create_session
         hook_runner.call_all(self.hooks, "after_create_session", self.est, None)
         last_save_step, last_save_time = step, time.monotonic()
         last_log_step, last_log_time = step, time.monotonic()
-        stop = False
+        stop = diverged = False
         try:
             while not stop:
                 ctx = RunContext(session=self.est)
                 requests = [h.before_run(ctx) for h in self.hooks]
                 t0 = time.monotonic()
-                state, losses, host_outputs, n, input_state = self._run_loop(state, feed, input_state)
+                state, losses, host_outputs, summaries, n, input_state = self._run_loop(
+                    state, feed, input_state
+                )
                 if n == 0:
                     break
                 step += n
                 self.schedule.report(n, time.monotonic() - t0)
-                if not np.all(np.isfinite(losses)):
+                diverged = not np.all(np.isfinite(losses))
+                if diverged and not handles_non_finite_loss(self.hooks):
                     bad = step - n + 1 + int(np.argmin(np.isfinite(losses)))
                     raise NanLossDuringTrainingError(
                         f"Model diverged with loss = {losses[~np.isfinite(losses)][0]} at global "
                         f"step {bad}. The last checkpoint (step {self.ckpt.latest_step()}) is kept."
                     )
                 self._host_calls(host_outputs, step - n)
-                values = {"loss": float(losses[-1]), "global_step": step}
+                self.summaries.after_loop(step - n, losses, summaries, state)
+                values = hook_values(losses, summaries, step, state)
                 hook_runner.after_run(self.hooks, ctx, requests, values, step)
                 stop = ctx.stop_requested
+                if diverged:  # a NanTensorHook(fail_on_nan_loss=False) warned: keep the last good checkpoint
+                    break
                 now = time.monotonic()
                 if self.log_every and step - last_log_step >= self.log_every:
                     rate = (step - last_log_step) / max(now - last_log_time, 1e-9)
@@ -205,6 +215,7 @@ class _Loop:
                         "loss = %.6g, step = %d (%.3g steps/sec, %.4g examples/sec)",
                         losses[-1], step, rate, rate * self.examples_per_step,
                     )
+                    self.summaries.rates(step, rate)
                     last_log_step, last_log_time = step, now
                 due = (self.ckpt_steps and step - last_save_step >= self.ckpt_steps) or (
                     self.ckpt_secs is not None and now - last_save_time >= self.ckpt_secs
@@ -214,25 +225,30 @@ class _Loop:
                     last_save_step, last_save_time = step, time.monotonic()
         finally:
             self.est._remember_state(state)
-        self._save(state, step, input_state)
+            self.summaries.flush()
+        if not diverged:
+            self._save(state, step, input_state)
         for lis in self.listeners:
             lis.end(self.est, step)
         hook_runner.call_all(self.hooks, "end", self.est)
 
     def _run_loop(self, state, feed, input_state):
-        """Runs the chunks of one loop; (state, losses, host_call outputs, steps, input state)."""
-        losses, host, n = [], [], 0
+        """Runs the chunks of one loop; (state, losses, host_call outputs, summaries, steps,
+        input state)."""
+        losses, host, summ, n = [], [], [], 0
         for chunk in feed:
             if self.strategy == "scan":
                 state, out = self.runtime.program("scan")(state, chunk.data)
                 losses.append(out["loss"])
                 host.append(out["host_call"])
+                summ.append(out["summaries"])
             else:
                 prog = self.runtime.program("step")
                 for i, batch in enumerate(chunk.data):
                     state, out = prog(state, batch)
                     losses.append(out["loss"][None])
                     host.append(jax.tree.map(lambda x: x[None], out["host_call"]))
+                    summ.append(jax.tree.map(lambda x: x[None], out["summaries"]))
                     if (i + 1) % MAX_IN_FLIGHT == 0:
                         jax.block_until_ready(state)
             n += chunk.steps
@@ -240,10 +256,11 @@ class _Loop:
             if chunk.end_of_loop:
                 break
         if n == 0:
-            return state, np.zeros(0), None, 0, input_state
+            return state, np.zeros(0), None, None, 0, input_state
         loss = np.concatenate([np.asarray(x) for x in losses])
         host_out = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *host)
-        return state, loss, host_out, n, input_state
+        summaries = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *summ)
+        return state, loss, host_out, summaries, n, input_state
 
     def _host_calls(self, outputs: Any, first_step: int) -> None:
         spec = self.runtime.spec

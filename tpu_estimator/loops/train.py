@@ -26,6 +26,8 @@ from tpu_estimator.model.module import BoundModel
 from tpu_estimator.model.spec_view import SpecView
 from tpu_estimator.model.state import TrainState
 from tpu_estimator.parallel.mesh import DATA, Topology
+from tpu_estimator.summary._collect import collecting
+from tpu_estimator.summary._collect import replicate as replicate_summaries
 
 ViewFn = Callable[[Any], SpecView]
 
@@ -36,7 +38,8 @@ def train_step(
     """One step on one replica: loss, gradients averaged over "data", update.
 
     Returns the new state and outputs: `loss` (mean over replicas) and
-    `host_call` (this replica's host_call tensors, batch-major).
+    `host_call` (this replica's host_call tensors, batch-major) and
+    `summaries` (what model_fn recorded with `tpu_estimator.summary`, one copy).
     """
     features, labels = batch
     rng = replica_key(state.rng, state.step)
@@ -44,13 +47,14 @@ def train_step(
     found: dict[str, SpecView] = {}
 
     def loss_fn(params: Any) -> tuple[jax.Array, tuple[Any, Any]]:
-        spec, mutated = model.apply(
-            {"params": params, **state.collections}, features, labels, rng=rng, mutable=mutable
-        )
+        with collecting() as summaries:
+            spec, mutated = model.apply(
+                {"params": params, **state.collections}, features, labels, rng=rng, mutable=mutable
+            )
         found["spec"] = sv = view(spec)
-        return sv.loss, (mutated, sv.host_call_tensors)
+        return sv.loss, (mutated, sv.host_call_tensors, summaries)
 
-    (loss, (mutated, host_tensors)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+    (loss, (mutated, host_tensors, summaries)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         state.params
     )
     tx = found["spec"].train_op
@@ -62,7 +66,8 @@ def train_step(
         collections={**state.collections, **lax.pmean(dict(mutated), DATA)},
         step=state.step + 1,
     )
-    return new_state, {"loss": lax.pmean(loss, DATA), "host_call": host_tensors}
+    outputs = {"loss": lax.pmean(loss, DATA), "host_call": host_tensors}
+    return new_state, {**outputs, "summaries": replicate_summaries(summaries, DATA)}
 
 
 def scan_program(model: BoundModel, view: ViewFn, topology: Topology) -> Callable[..., Any]:
@@ -75,7 +80,10 @@ def scan_program(model: BoundModel, view: ViewFn, topology: Topology) -> Callabl
         loop,
         topology,
         in_specs=(REPLICATED, STACKED_BATCH),
-        out_specs=(REPLICATED, {"loss": REPLICATED, "host_call": STACKED_BATCH}),
+        out_specs=(
+            REPLICATED,
+            {"loss": REPLICATED, "host_call": STACKED_BATCH, "summaries": REPLICATED},
+        ),
     )
     return jax.jit(sharded, donate_argnums=0)
 
@@ -86,7 +94,9 @@ def step_program(model: BoundModel, view: ViewFn, topology: Topology) -> Callabl
         lambda s, b: train_step(model, view, s, b),
         topology,
         in_specs=(REPLICATED, BATCH),
-        out_specs=(REPLICATED, {"loss": REPLICATED, "host_call": BATCH}),
+        out_specs=(
+            REPLICATED, {"loss": REPLICATED, "host_call": BATCH, "summaries": REPLICATED}
+        ),
     )
     return jax.jit(sharded, donate_argnums=0)
 

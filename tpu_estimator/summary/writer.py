@@ -1,18 +1,159 @@
-"""Writing TensorBoard event files (tensorboardX's writer; no TensorFlow needed)."""
+"""TensorBoard event files, written by a background thread (tensorboardX; no TensorFlow).
+
+`create_file_writer(logdir)` returns the process's one `FileWriter` for that
+directory. Calls only enqueue; the thread encodes and writes. On processes
+other than 0 the writer drops everything: one copy of each summary.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import atexit
+import os
+import queue
+import threading
+from typing import Any, Callable, Mapping
 
+import jax
 import numpy as np
 
+_writers: dict[str, "FileWriter"] = {}
+_lock = threading.Lock()
 
-def write_scalars(logdir: str, step: int, values: Mapping[str, Any]) -> None:
-    """Writes every scalar-valued entry of `values` at `step` into `logdir`."""
-    from tensorboardX import SummaryWriter
 
-    with SummaryWriter(logdir) as writer:
+class FileWriter:
+    """Writes summaries to one directory from a background thread.
+
+    Usable from a `host_call` function, a hook, or any host code.
+
+    Example:
+      >>> w = tpu_estimator.summary.create_file_writer('/tmp/m/extra')
+      >>> w.scalar('my/value', 0.5, step=10)
+      >>> w.flush()  # optional: waits until the event file holds it
+    """
+
+    def __init__(self, logdir: str, *, enabled: bool = True) -> None:
+        self.logdir = os.path.abspath(os.fspath(logdir))
+        self.enabled = enabled
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def scalar(self, name: str, value: Any, step: int) -> None:
+        """Queues scalar `name` = `value` at `step`."""
+        self._put(lambda w: w.add_scalar(name, float(np.asarray(value)), global_step=int(step)))
+
+    def histogram(self, name: str, values: Any, step: int) -> None:
+        """Queues a histogram of `values` at `step`."""
+        arr = np.asarray(values, np.float64).ravel()
+        self._put(lambda w: w.add_histogram(name, arr, global_step=int(step)))
+
+    def image(self, name: str, images: Any, step: int) -> None:
+        """Queues images `[N, H, W, C]` (floats in [0, 1] or uint8) at `step`, one tag per image."""
+        arr = np.asarray(images)
+        if arr.ndim == 3:
+            arr = arr[None]
+        for i, img in enumerate(arr):
+            tag = name if len(arr) == 1 else f"{name}/image/{i}"
+            self._put(lambda w, t=tag, x=img: w.add_image(t, x, global_step=int(step), dataformats="HWC"))
+
+    def scalars(self, step: int, values: Mapping[str, Any]) -> None:
+        """Queues every numeric scalar entry of `values` at `step` (others are skipped)."""
         for tag, value in values.items():
             arr = np.asarray(value)
             if arr.ndim == 0 and np.issubdtype(arr.dtype, np.number):
-                writer.add_scalar(tag, float(arr), global_step=step)
+                self.scalar(tag, arr, step)
+
+    def flush(self) -> None:
+        """Blocks until everything queued so far is in the event file (which it closes; the
+        next write starts a new one, which TensorBoard reads as the same run)."""
+        if self._thread is None:
+            return
+        done = threading.Event()
+        self._put(done)
+        while not done.wait(0.1):
+            if not self._thread.is_alive():
+                break
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"Writing summaries to {self.logdir} failed: {error!r}")
+
+    def _put(self, op: Callable[[Any], Any] | threading.Event) -> None:
+        if not self.enabled:
+            return
+        if self._thread is None:
+            with _lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name=f"summary-writer:{self.logdir}", daemon=True
+                    )
+                    self._thread.start()
+        self._queue.put(op)
+
+    def _run(self) -> None:
+        from tensorboardX import SummaryWriter
+
+        writer = None
+        while True:
+            op = self._queue.get()
+            if op is None or isinstance(op, threading.Event):
+                if writer is not None:  # tensorboardX's own queue drains only on close()
+                    writer.close()
+                    writer = None
+                if op is None:
+                    return
+                op.set()
+                continue
+            try:
+                if writer is None:
+                    writer = SummaryWriter(self.logdir, flush_secs=10)
+                op(writer)
+            except Exception as e:  # keep the thread alive; report on flush()
+                self._error = e
+
+    def close(self) -> None:
+        """Flushes and stops the thread (a later call starts a new one)."""
+        if self._thread is not None:
+            self.flush()
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+
+def create_file_writer(logdir: str) -> FileWriter:
+    """The summary writer of `logdir` for this process (shared by all callers).
+
+    On processes other than 0 it writes nothing.
+
+    Args:
+      logdir: Directory of the event files, e.g. `est.model_dir` or a subfolder.
+
+    Returns:
+      A `FileWriter` with `scalar/histogram/image(name, value, step)` and `flush()`.
+    """
+    key = os.path.abspath(os.fspath(logdir))
+    with _lock:
+        if key not in _writers:
+            _writers[key] = FileWriter(key, enabled=jax.process_index() == 0)
+        return _writers[key]
+
+
+def write_scalars(logdir: str, step: int, values: Mapping[str, Any]) -> None:
+    """Writes every scalar-valued entry of `values` at `step` into `logdir`, and flushes."""
+    w = create_file_writer(logdir)
+    w.scalars(step, values)
+    w.flush()
+
+
+def flush_all() -> None:
+    """Flushes every writer of this process (train() calls it when it returns)."""
+    for w in list(_writers.values()):
+        w.flush()
+
+
+@atexit.register
+def _close_all() -> None:
+    for w in list(_writers.values()):
+        try:
+            w.close()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass

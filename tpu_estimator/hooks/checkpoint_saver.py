@@ -1,0 +1,88 @@
+"""`CheckpointSaverHook`: saves the training state every N steps or T seconds."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from tpu_estimator.checkpoint.manager import Checkpointer
+from tpu_estimator.estimator.hook_runner import check_listeners
+from tpu_estimator.hooks._timer import Every
+from tpu_estimator.hooks.session_run_hook import (
+    RunContext,
+    SessionRunArgs,
+    SessionRunHook,
+    SessionRunValues,
+)
+
+
+class CheckpointSaverHook(SessionRunHook):
+    """Saves checkpoints (Orbax, as `train()` does) into `checkpoint_dir` at loop ends.
+
+    `train()` already saves into `model_dir` as `RunConfig` says; this hook
+    adds saves on its own cadence, into `model_dir` or another directory
+    (restorable by an estimator whose model_dir it is). It also saves the
+    final state in `end()`.
+
+    Args:
+      checkpoint_dir: Where to save.
+      save_secs: Save every this many seconds, or
+      save_steps: every this many global steps (give exactly one).
+      listeners: `CheckpointSaverListener`s called around each save of this hook;
+        `after_save` returning True stops training.
+
+    Raises:
+      ValueError: neither or both of save_secs/save_steps.
+
+    Example:
+      >>> CheckpointSaverHook('/tmp/m/extra', save_steps=500)
+    """
+
+    def __init__(
+        self,
+        checkpoint_dir: str,
+        save_secs: float | None = None,
+        save_steps: int | None = None,
+        listeners: Sequence[Any] | None = None,
+    ) -> None:
+        self._dir = os.path.abspath(os.fspath(checkpoint_dir))
+        self._timer = Every(save_steps, save_secs, who="CheckpointSaverHook", names=("save_steps", "save_secs"))
+        self._listeners = check_listeners(listeners)
+        self._ckpt: Checkpointer | None = None
+        self._own = False
+        self._state: Any = None
+        self._step: int | None = None
+
+    def begin(self) -> None:
+        for lis in self._listeners:
+            lis.begin()
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        if os.path.abspath(session.model_dir) == self._dir:
+            self._ckpt = session._checkpointer()  # one Orbax manager per directory
+        else:
+            self._ckpt, self._own = Checkpointer(self._dir), True
+
+    def before_run(self, run_context: RunContext) -> SessionRunArgs:
+        return SessionRunArgs("state")
+
+    def after_run(self, run_context: RunContext, run_values: SessionRunValues) -> None:
+        self._state, self._step = run_values.results, run_values.global_step or 0
+        if self._timer.should_trigger(self._step):
+            self._timer.update(self._step)
+            if self._save(run_context.session):
+                run_context.request_stop()
+
+    def end(self, session: Any) -> None:
+        if self._state is not None and self._step not in self._ckpt.all_steps():
+            self._save(session)
+        for lis in self._listeners:
+            lis.end(session, self._step)
+        self._ckpt.wait()
+        self._state = None  # do not keep device buffers alive
+
+    def _save(self, session: Any) -> bool:
+        for lis in self._listeners:
+            lis.before_save(session, self._step)
+        self._ckpt.save(self._step, self._state)
+        return any([bool(lis.after_save(session, self._step)) for lis in self._listeners])
