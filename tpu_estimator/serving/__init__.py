@@ -1,0 +1,1 @@
+"""The model server: TensorFlow Serving's REST API over `jax.export` artifacts (`tpu-estimator serve`)."""
