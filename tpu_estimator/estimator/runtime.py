@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from tpu_estimator.api.mode_keys import ModeKeys
+from tpu_estimator.checkpoint.warm_start import apply_warm_start
 from tpu_estimator.feeding.host_batches import HostBatch
 from tpu_estimator.loops import evaluate as eval_loops
 from tpu_estimator.loops import predict as predict_loops
@@ -104,7 +105,9 @@ class Runtime:
         return jax.device_put(state, self.est._topology.replicated())
 
     def _after_init(self, state: TrainState) -> TrainState:
-        """Applies the spec's Scaffold.init_fn (once, on the host) to fresh variables."""
+        """Applies `warm_start_from`, then the spec's Scaffold.init_fn (once, on the host), to
+        fresh variables."""
+        state = apply_warm_start(state, self.est._warm_start_from, self.est._topology.replicated())
         scaffold = self.spec.scaffold if self.spec is not None else None
         init_fn = getattr(scaffold, "init_fn", None)
         if init_fn is None:

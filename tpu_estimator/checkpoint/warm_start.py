@@ -1,0 +1,182 @@
+"""Warm start: initialise a new model's variables from another model's checkpoint or export.
+
+Applied once, right after initialisation, only when `model_dir` has no
+checkpoint yet (`Runtime._after_init`; before `Scaffold.init_fn`). Variable
+names are those of `get_variable_names()`: params without prefix
+(`Dense_0/kernel`), other collections with theirs (`batch_stats/...`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from tpu_estimator.api._checks import message
+from tpu_estimator.checkpoint.manager import Checkpointer
+
+log = logging.getLogger("tpu_estimator")
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartSettings:
+    """What to warm-start from, and which variables (as `tf.estimator.WarmStartSettings`).
+
+    Args:
+      ckpt_to_initialize_from: A model_dir (its latest checkpoint), one
+        checkpoint `<model_dir>/<step>`, or an export directory
+        (`export_saved_model`'s `<base>/<timestamp>`).
+      vars_to_warm_start: A regex (str): the trainable variables (params) whose
+        names match; a list of regexes: any variable (params and other
+        collections, e.g. `batch_stats/.*`) matching one; None: none.
+        Matching is `re.match` (from the start of the name), as in TF.
+      var_name_to_prev_var_name: {new name: name in the checkpoint} for
+        variables that were renamed.
+
+    Example:
+      >>> ws = WarmStartSettings('/tmp/pretrained', vars_to_warm_start=['Dense_0/.*'])
+      >>> est = TPUEstimator(model_fn, config=cfg, warm_start_from=ws, train_batch_size=64)
+    """
+
+    ckpt_to_initialize_from: str
+    vars_to_warm_start: str | Sequence[str] | None = ".*"
+    var_name_to_prev_var_name: Mapping[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ckpt_to_initialize_from, (str, os.PathLike)):
+            raise TypeError(
+                message(
+                    "`ckpt_to_initialize_from` must be a path.",
+                    f"ckpt_to_initialize_from={self.ckpt_to_initialize_from!r}",
+                )
+            )
+        v = self.vars_to_warm_start
+        if v is not None and not isinstance(v, str) and not all(isinstance(x, str) for x in v):
+            raise TypeError(
+                message("`vars_to_warm_start` must be a regex, a list of regexes, or None.", f"vars_to_warm_start={v!r}")
+            )
+
+
+def settings_of(warm_start_from: Any) -> WarmStartSettings | None:
+    """`warm_start_from` (None, a path, or WarmStartSettings) as settings."""
+    if warm_start_from is None or isinstance(warm_start_from, WarmStartSettings):
+        return warm_start_from
+    if isinstance(warm_start_from, (str, os.PathLike)):
+        return WarmStartSettings(os.fspath(warm_start_from))
+    raise TypeError(
+        message(
+            "`warm_start_from` must be a checkpoint or export path, or a WarmStartSettings.",
+            f"warm_start_from={type(warm_start_from).__name__}",
+        )
+    )
+
+
+def _name(path: Any) -> str:
+    keys = [str(getattr(p, "key", getattr(p, "idx", p))) for p in path]
+    return "/".join(keys[1:] if keys and keys[0] == "params" else keys)
+
+
+def flatten(variables: Any) -> dict[str, Any]:
+    """{name: leaf} of a Flax variables dict, named as get_variable_names() names them."""
+    return {_name(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(variables)[0]}
+
+
+def source_variables(path: str) -> dict[str, np.ndarray]:
+    """The variables saved at `path` (model_dir, `<model_dir>/<step>`, or an export), by name."""
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isfile(os.path.join(path, "manifest.json")):
+        from tpu_estimator.export import manifest as mf
+        from tpu_estimator.export import variables as var_io
+
+        var = mf.read_manifest(path)["variables"]
+        flat = var_io.load(path, var["file"], var.get("dtypes"))
+        return {(k[len("params/"):] if k.startswith("params/") else k): v for k, v in flat.items()}
+    base, name = os.path.split(path)
+    if name.isdigit() and os.path.isdir(path):
+        directory, step = base, int(name)
+    else:
+        directory, step = path, None
+    if not os.path.isdir(directory):
+        raise ValueError(message("warm_start_from: no such directory.", f"path={path!r}"))
+    ckpt = Checkpointer(directory, read_only=True)
+    step = ckpt.latest_step() if step is None else step
+    if step is None:
+        raise ValueError(
+            message(
+                "warm_start_from must name a directory with checkpoints, a checkpoint or an export.",
+                f"path={path!r} holds none",
+            )
+        )
+    raw = ckpt.restore_raw(step)
+    return flatten({"params": raw["params"], **dict(raw.get("collections") or {})})
+
+
+def _selected(names: list[str], trainable: list[str], spec: Any) -> list[str]:
+    if spec is None:
+        return []
+    if isinstance(spec, str):
+        return [n for n in trainable if re.match(spec, n)]
+    return [n for n in names if any(re.match(r, n) for r in spec)]
+
+
+def warm_start(variables: dict[str, Any], settings: WarmStartSettings, prev: dict[str, Any]) -> dict[str, Any]:
+    """`variables` with the selected ones replaced by their values in `prev` (name -> array).
+
+    Raises:
+      ValueError: a rename that names no selected variable, a variable missing
+        from `prev`, or a shape mismatch; the message lists the viable names.
+    """
+    current = flatten(variables)
+    trainable = list(flatten({"params": variables.get("params", {})}))
+    chosen = _selected(list(current), trainable, settings.vars_to_warm_start)
+    renames = dict(settings.var_name_to_prev_var_name or {})
+    unused = sorted(set(renames) - set(chosen))
+    if unused:
+        raise ValueError(
+            message(
+                "Every key of `var_name_to_prev_var_name` must name a variable being warm-started.",
+                f"unused renames {unused}",
+                f"Use names among {chosen}.",
+            )
+        )
+    values = {}
+    for name in chosen:
+        old = renames.get(name, name)
+        if old not in prev:
+            raise ValueError(
+                message(
+                    f"Variable {name!r} is warm-started from {old!r}, which the checkpoint does not have.",
+                    f"checkpoint variables {sorted(prev)}",
+                    "Narrow `vars_to_warm_start`, or map the name with `var_name_to_prev_var_name`.",
+                )
+            )
+        want, got = np.shape(current[name]), np.shape(prev[old])
+        if want != got:
+            viable = sorted(k for k, v in prev.items() if np.shape(v) == want)
+            raise ValueError(
+                message(
+                    f"Variable {name!r} has shape {want} but the checkpoint's {old!r} has shape {got}.",
+                    f"checkpoint variables of shape {want}: {viable}",
+                    "Warm-start only variables of matching shape (`vars_to_warm_start`).",
+                )
+            )
+        values[name] = np.asarray(prev[old]).astype(np.asarray(current[name]).dtype)
+    log.info("Warm-started %d variables: %s", len(values), sorted(values))
+    return jax.tree_util.tree_map_with_path(lambda p, x: values.get(_name(p), x), variables)
+
+
+def apply_warm_start(state: Any, warm_start_from: Any, sharding: Any) -> Any:
+    """The fresh TrainState `state` warm-started as `warm_start_from` says (unchanged if None)."""
+    settings = settings_of(warm_start_from)
+    if settings is None:
+        return state
+    prev = source_variables(settings.ckpt_to_initialize_from)
+    variables = warm_start(jax.device_get(state.variables), settings, prev)
+    variables = jax.device_put(variables, sharding)
+    params = variables.pop("params", state.params)
+    return state.replace(params=params, collections={**state.collections, **variables})
