@@ -167,6 +167,7 @@ class _Loop:
         self.ckpt_steps = cfg.save_checkpoints_steps
         self.ckpt_secs = cfg.save_checkpoints_secs
         self.examples_per_step = runtime.layout.global_batch_size or 0
+        self.saved_step: int | None = None
         self.summaries = TrainSummaries(est.model_dir, cfg.save_summary_steps, self.examples_per_step)
 
     def run(self, state: Any, feed: Iterator[Chunk], first_input_state: Any) -> None:
@@ -175,8 +176,9 @@ class _Loop:
         for lis in self.listeners:
             lis.begin()
         input_state = first_input_state
-        if step not in self.ckpt.all_steps():
-            self._save(state, step, input_state)
+        if step in self.ckpt.all_steps():
+            self.saved_step = step
+        self._save(state, step, input_state)
         self.est._remember_state(state)  # hooks may read the start step in after_create_session
         hook_runner.call_all(self.hooks, "after_create_session", self.est, None)
         last_save_step, last_save_time = step, time.monotonic()
@@ -277,6 +279,9 @@ class _Loop:
 
     def _save(self, state: Any, step: int, input_state: Any) -> bool:
         """Saves a checkpoint with listeners around it; True if a listener asks to stop."""
+        if step == self.saved_step:
+            return False
+        self.saved_step = step
         for lis in self.listeners:
             lis.before_save(self.est, step)
         self.ckpt.save(step, state, input_state)
