@@ -67,5 +67,13 @@ from tpu_estimator.hooks import stop_if_higher_hook as stop_if_higher_hook
 from tpu_estimator.hooks import stop_if_lower_hook as stop_if_lower_hook
 from tpu_estimator.hooks import stop_if_no_decrease_hook as stop_if_no_decrease_hook
 from tpu_estimator.hooks import stop_if_no_increase_hook as stop_if_no_increase_hook
+from tpu_estimator.checkpoint.warm_start import WarmStartSettings as WarmStartSettings
+from tpu_estimator.estimator.exporters import BestExporter as BestExporter
+from tpu_estimator.estimator.exporters import Exporter as Exporter
+from tpu_estimator.estimator.exporters import FinalExporter as FinalExporter
+from tpu_estimator.estimator.exporters import LatestExporter as LatestExporter
+from tpu_estimator.estimator.train_and_evaluate import EvalSpec as EvalSpec
+from tpu_estimator.estimator.train_and_evaluate import TrainSpec as TrainSpec
+from tpu_estimator.estimator.train_and_evaluate import train_and_evaluate as train_and_evaluate
 
 __version__ = "0.1.0"
