@@ -248,3 +248,19 @@ def test_bfloat16_variables_round_trip(tmp_path):
     assert back["params/w"].dtype == flat["params/w"].dtype
     np.testing.assert_array_equal(back["params/w"], flat["params/w"])
     assert back["s"].shape == ()
+
+
+def test_preprocessing_receiver_and_int_inputs(trained_est, export_path, tmp_path):
+    receiver = te.ServingInputReceiver(
+        lambda d: {"x": d["raw"].astype(np.float32) / 10.0},
+        {"raw": te.TensorSpec((None, 4), "int32")},
+    )
+    path = trained_est.export_saved_model(str(tmp_path), lambda: receiver)
+    sig = te.load_exported(path).signatures["serving_default"]
+    raw = np.array([[10, 20, -5, 0]], np.int64)  # int64 is accepted and cast
+    plain = te.load_exported(export_path).signatures["serving_default"]
+    np.testing.assert_allclose(
+        sig(raw=raw)["logits"], plain(x=raw.astype(np.float32) / 10)["logits"], rtol=1e-6
+    )
+    with pytest.raises(ValueError, match="dtype int32"):
+        sig(raw=np.array([[1.5, 2, 3, 4]]))
