@@ -68,6 +68,7 @@ from tpu_estimator.hooks import stop_if_lower_hook as stop_if_lower_hook
 from tpu_estimator.hooks import stop_if_no_decrease_hook as stop_if_no_decrease_hook
 from tpu_estimator.hooks import stop_if_no_increase_hook as stop_if_no_increase_hook
 from tpu_estimator.checkpoint.warm_start import WarmStartSettings as WarmStartSettings
+from tpu_estimator.estimator.progress import set_progress as set_progress
 from tpu_estimator.estimator.exporters import BestExporter as BestExporter
 from tpu_estimator.estimator.exporters import Exporter as Exporter
 from tpu_estimator.estimator.exporters import FinalExporter as FinalExporter

@@ -17,7 +17,7 @@ import numpy as np
 
 from tpu_estimator.api._checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
-from tpu_estimator.estimator import hook_runner
+from tpu_estimator.estimator import hook_runner, progress
 from tpu_estimator.feeding.device import batch_specs, to_device
 from tpu_estimator.feeding.prefetch import Prefetch
 from tpu_estimator.hooks.session_run_hook import RunContext
@@ -52,7 +52,7 @@ def evaluate(
     if first is None:
         raise ValueError(message("evaluate() needs at least one batch of input.", "an empty input_fn"))
     state = est._state_for(runtime, first, batches.axes, step, train=False)
-    all_hooks = [*hooks, *runtime.spec.hooks]
+    all_hooks = [*hooks, *runtime.spec.hooks, *progress.hooks_for("eval", steps)]
     specs = batch_specs(batches.axes)
     topo = est._topology
 

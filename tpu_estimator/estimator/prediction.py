@@ -15,7 +15,7 @@ import numpy as np
 
 from tpu_estimator.api._checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
-from tpu_estimator.estimator import hook_runner
+from tpu_estimator.estimator import hook_runner, progress
 from tpu_estimator.feeding.device import batch_specs, to_device
 from tpu_estimator.feeding.prefetch import Prefetch
 from tpu_estimator.hooks.session_run_hook import RunContext
@@ -50,7 +50,7 @@ def _generate(est, input_fn, predict_keys, hooks, checkpoint_path, single) -> It
     if first is None:
         return
     state = est._state_for(runtime, first, batches.axes, step, train=False)
-    all_hooks = [*hooks, *runtime.spec.hooks]
+    all_hooks = [*hooks, *runtime.spec.hooks, *progress.hooks_for("predict", None)]
     specs = batch_specs(batches.axes[0])
     topo = est._topology
     variables = state.variables

@@ -19,7 +19,7 @@ import numpy as np
 
 from tpu_estimator.api._checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
-from tpu_estimator.estimator import hook_runner
+from tpu_estimator.estimator import hook_runner, progress
 from tpu_estimator.estimator.runtime import Runtime
 from tpu_estimator.estimator.schedule import LoopSchedule
 from tpu_estimator.feeding.device import batch_specs, to_device
@@ -144,6 +144,7 @@ def train(
     all_hooks = [*hooks, *(runtime.spec.hooks if runtime.spec else ())]
     if jax.process_index() == 0:
         all_hooks.extend(runtime.spec.chief_hooks if runtime.spec else ())
+    all_hooks.extend(progress.hooks_for("train", None if last is None else last - start, start))
     feed = Prefetch(
         chunks(itertools.chain([first], batches), schedule, specs, runtime, strategy, iterator)
     )
