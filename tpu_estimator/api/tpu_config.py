@@ -120,9 +120,10 @@ class TPUConfig:
         within a loop.
       loop_strategy: (Not in the original.) How a loop of steps runs: "scan"
         (one compiled program of `iterations_per_loop` steps), "step" (one
-        program per step, dispatched by the host), or "auto": "step" on
-        XLA:CPU for models with convolutions (which XLA:CPU runs slowly
-        inside `lax.scan`), "scan" otherwise.
+        program per step, dispatched by the host), or "auto": on XLA:CPU the
+        first loop is timed step by step and "step" stays when a step takes
+        over 2 ms (XLA:CPU runs big models, convolutions above all, slower
+        inside `lax.scan`), else "scan"; other backends use "scan".
 
     Raises:
       ValueError, TypeError: on an invalid value, with the fix in the message.

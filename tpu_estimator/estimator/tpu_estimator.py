@@ -17,11 +17,12 @@ from tpu_estimator.api.run_config import RunConfig
 from tpu_estimator.checkpoint.manager import Checkpointer, split_checkpoint_path
 from tpu_estimator.estimator import evaluation, prediction, training
 from tpu_estimator.estimator.runtime import Runtime
-from tpu_estimator.feeding.host_batches import HostBatch, HostBatches, as_iterable
+from tpu_estimator.feeding.host_batches import HostBatch, HostBatches
 from tpu_estimator.feeding.input_state import set_input_state
-from tpu_estimator.model.call import INPUT_FN_ARGS, accepted_args, call_with, check_model_fn
+from tpu_estimator.feeding.pipelines import open_input
+from tpu_estimator.loops.strategy import LoopStrategy
+from tpu_estimator.model.call import INPUT_FN_ARGS, accepted_args, check_model_fn
 from tpu_estimator.model.state import TrainState
-from tpu_estimator.parallel.input_context import InputContext
 from tpu_estimator.parallel.layout import DataLayout
 from tpu_estimator.parallel.mesh import Topology
 
@@ -439,6 +440,11 @@ class TPUEstimator:
             use_tpu=self._use_tpu, cores_per_replica=self._config.tpu_config.cores_per_replica
         )
 
+    @functools.cached_property
+    def _loop_strategy(self) -> LoopStrategy:
+        """How training loops run; "auto" decides once (by measurement) per estimator."""
+        return LoopStrategy(self._config.tpu_config.loop_strategy)
+
     def _checkpointer(self) -> Checkpointer:
         if self._ckpt is None:
             self._ckpt = Checkpointer(
@@ -458,6 +464,7 @@ class TPUEstimator:
                 topology=self._topology,
                 pipeline=self._config.tpu_config.input_pipeline_config,
                 use_tpu=self._use_tpu,
+                eval_pipeline=self._config.tpu_config.eval_training_input_configuration,
             )
             self._runtimes[key] = Runtime(self, mode, layout)
         return self._runtimes[key]
@@ -466,34 +473,15 @@ class TPUEstimator:
         self, runtime: Runtime, input_fn: Callable[..., Any], *, restore_step: int | None = None
     ) -> tuple[HostBatches, Any]:
         """Calls input_fn as the layout says; (validated host batches, the raw iterator)."""
-        layout = runtime.layout
         names = accepted_args(input_fn, INPUT_FN_ARGS, "input_fn")
-        params = self.params
-        if layout.global_batch_size:
-            params["batch_size"] = layout.input_fn_batch_size
-        topo = self._topology
-        context = InputContext(
-            num_input_pipelines=topo.num_hosts,
-            input_pipeline_id=topo.host_id,
-            num_replicas_in_sync=layout.num_replicas,
-            per_replica_batch_size=layout.per_replica_batch_size if layout.global_batch_size else None,
+        batches, iterator = open_input(
+            input_fn, names, layout=runtime.layout, params=self.params, config=self._config,
+            mode=runtime.mode, batch_axis=self._batch_axis, pad_final=runtime.mode != ModeKeys.TRAIN,
         )
-        dataset = call_with(
-            input_fn, names, params=params, config=self._config, mode=runtime.mode,
-            input_context=context,
-        )
-        iterator = iter(as_iterable(dataset))
         if restore_step is not None:
             saved = self._checkpointer().restore_input(restore_step)
             if set_input_state(iterator, saved):
                 log.info("Restored the input position of checkpoint %d.", restore_step)
-        batches = HostBatches(
-            iterator,
-            batch_size=layout.per_host_batch_size if layout.global_batch_size else None,
-            batch_axis=self._batch_axis,
-            pad_final=runtime.mode != ModeKeys.TRAIN,
-            pulls=layout.batches_per_pull,
-        )
         return batches, iterator
 
     def _state_for(

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from tpu_estimator.api._checks import message
@@ -28,7 +29,7 @@ from tpu_estimator.feeding.input_state import get_input_state
 from tpu_estimator.feeding.prefetch import Prefetch
 from tpu_estimator.hooks.nan_tensor import handles_non_finite_loss
 from tpu_estimator.hooks.session_run_hook import RunContext
-from tpu_estimator.loops.strategy import choose_strategy
+from tpu_estimator.loops.strategy import LoopStrategy
 from tpu_estimator.summary.train_summaries import TrainSummaries, hook_values
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ def chunks(
     schedule: LoopSchedule,
     specs: Any,
     runtime: Runtime,
-    strategy: str,
+    strategy: LoopStrategy,
     iterator: Any,
 ) -> Iterator[Chunk]:
     """Runs on the feeder thread: groups host batches into loops, moves them to the devices."""
@@ -97,7 +98,7 @@ def chunks(
             done += len(group)
             state = get_input_state(iterator)
             last = done >= size or len(group) < limit
-            if strategy == "scan":
+            if strategy.current == "scan":
                 stacked = jax.tree.map(lambda *xs: np.stack(xs), *[b.tree for b in group])
                 data = to_device(stacked, specs["stacked"], topo)
             else:
@@ -135,7 +136,7 @@ def train(
         log.warning("input_fn yielded no batch: nothing to train.")
         return
     state = est._state_for(runtime, first, batches.axes, latest, train=True)
-    strategy = choose_strategy(est.config.tpu_config.loop_strategy, runtime, state, first, batches.axes)
+    strategy = est._loop_strategy
     specs = {
         "stacked": batch_specs(batches.axes, leading=1, replicated=runtime.layout.replicated_input),
         "single": batch_specs(batches.axes, replicated=runtime.layout.replicated_input),
@@ -238,32 +239,46 @@ class _Loop:
     def _run_loop(self, state, feed, input_state):
         """Runs the chunks of one loop; (state, losses, host_call outputs, summaries, steps,
         input state)."""
-        losses, host, summ, n = [], [], [], 0
+        outs, n = [], 0
         for chunk in feed:
-            if self.strategy == "scan":
-                state, out = self.runtime.program("scan")(state, chunk.data)
-                losses.append(out["loss"])
-                host.append(out["host_call"])
-                summ.append(out["summaries"])
+            data = chunk.data
+            if isinstance(data, list) and len(data) > 1 and self.strategy.current == "scan":
+                data = jax.tree.map(lambda *xs: jnp.stack(xs), *data)  # fed before "auto" decided
+            if isinstance(data, list):
+                state = self._run_steps(state, data, outs)
             else:
-                prog = self.runtime.program("step")
-                for i, batch in enumerate(chunk.data):
-                    state, out = prog(state, batch)
-                    losses.append(out["loss"][None])
-                    host.append(jax.tree.map(lambda x: x[None], out["host_call"]))
-                    summ.append(jax.tree.map(lambda x: x[None], out["summaries"]))
-                    if (i + 1) % MAX_IN_FLIGHT == 0:
-                        jax.block_until_ready(state)
+                state, out = self.runtime.program("scan")(state, data)
+                outs.append((False, out))
             n += chunk.steps
             input_state = chunk.input_state
             if chunk.end_of_loop:
                 break
         if n == 0:
             return state, np.zeros(0), None, None, 0, input_state
-        loss = np.concatenate([np.asarray(x) for x in losses])
-        host_out = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *host)
-        summaries = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *summ)
-        return state, loss, host_out, summaries, n, input_state
+        # Per-step outputs get a leading step axis (on the host: no extra device work).
+        outs = [
+            jax.tree.map(lambda x: np.asarray(x)[None], o) if single else o
+            for single, o in jax.device_get(outs)
+        ]
+        joined = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *outs)
+        return state, joined["loss"], joined["host_call"], joined["summaries"], n, input_state
+
+    def _run_steps(self, state, batches, outs):
+        """Dispatches one program per step, bounding the programs in flight."""
+        prog = self.runtime.program("step")
+        timing = self.strategy.measuring and len(batches) > 1
+        for i, batch in enumerate(batches):
+            state, out = prog(state, batch)
+            outs.append((True, out))
+            if timing and i == 0:
+                jax.block_until_ready(state)  # the first step compiled; time the rest
+                t0 = time.perf_counter()
+            elif (i + 1) % MAX_IN_FLIGHT == 0:
+                jax.block_until_ready(state)
+        if timing:
+            jax.block_until_ready(state)
+            self.strategy.observe(len(batches) - 1, time.perf_counter() - t0)
+        return state
 
     def _host_calls(self, outputs: Any, first_step: int) -> None:
         spec = self.runtime.spec
