@@ -140,6 +140,17 @@ def test_no_checkpoint_is_an_error(tmp_path):
     assert not os.path.exists(tmp_path / "out") or not os.listdir(tmp_path / "out")
 
 
+def test_without_checkpoint_warm_start_variables_are_exported(trained_est, tmp_path):
+    est = tm.estimator(str(tmp_path / "fresh"), warm_start_from=trained_est.model_dir)
+    path = est.export_saved_model(str(tmp_path / "out"), tm.receiver_fn)
+    manifest = te.load_exported(path).manifest
+    assert manifest["global_step"] is None
+    warm = te.load_exported(path).signatures["serving_default"](x=tm.X)
+    trained = te.load_exported(trained_est.export_saved_model(str(tmp_path / "t"), tm.receiver_fn))
+    for name, value in trained.signatures["serving_default"](x=tm.X).items():
+        np.testing.assert_allclose(np.asarray(warm[name]), np.asarray(value), rtol=1e-6)
+
+
 def test_receiver_fn_errors(trained_est, tmp_path):
     with pytest.raises(ValueError, match="An input_receiver_fn must be defined"):
         trained_est.export_saved_model(str(tmp_path), None)

@@ -49,7 +49,7 @@ def export_all(
     if not est._export_to_cpu and not est._export_to_tpu:
         raise ValueError("One of export_to_cpu and export_to_tpu must be true.")
     receivers = {mode: _call_receiver_fn(mode, input_receiver_fn_map[mode]) for mode in modes}
-    variables, step = _variables(est, checkpoint_path)
+    variables, step = _variables(est, checkpoint_path, receivers)
     flat, treedef = var_io.flatten(variables)
     names = list(flat)
     plans = plan_meta_graphs(modes, to_cpu=est._export_to_cpu, to_tpu=est._export_to_tpu)
@@ -154,11 +154,13 @@ def _output_specs(exported: Any) -> dict[str, Any]:
     return {name: mf.spec_json(exported.out_avals[i].shape, exported.out_avals[i].dtype) for name, i in index.items()}
 
 
-def _variables(est: "TPUEstimator", checkpoint_path: str | None) -> tuple[dict[str, Any], int | None]:
+def _variables(
+    est: "TPUEstimator", checkpoint_path: str | None, receivers: Mapping[str, ServingInputReceiver]
+) -> tuple[dict[str, Any], int | None]:
     """The variables to export ({'params': ..., other collections}) and their global step."""
     step = est._checkpoint_step(checkpoint_path)
     if step is None:
-        variables = _warm_start_variables(est)
+        variables = _warm_start_variables(est, receivers)
         if variables is None:
             raise ValueError(f"Couldn't find trained model at {est.model_dir}.")
         return variables, None
@@ -166,14 +168,35 @@ def _variables(est: "TPUEstimator", checkpoint_path: str | None) -> tuple[dict[s
     return {"params": raw["params"], **dict(raw.get("collections") or {})}, int(step)
 
 
-def _warm_start_variables(est: "TPUEstimator") -> dict[str, Any] | None:
-    """HOOK POINT for warm start: variables to export when model_dir has no checkpoint.
+def _warm_start_variables(
+    est: "TPUEstimator", receivers: Mapping[str, ServingInputReceiver]
+) -> dict[str, Any] | None:
+    """Without a checkpoint, the original exported the `warm_start_from` variables.
 
-    The original exported the `warm_start_from` variables in that case. Until
-    the warm-start module provides them (from `est._warm_start_from`), an
-    estimator without checkpoints cannot be exported.
+    The model is initialised on one zero example of the receiver (PREDICT if
+    exported, else the first mode), then warm-started.
     """
-    return None
+    from tpu_estimator.checkpoint import warm_start as ws
+    from tpu_estimator.model.module import bind_model
+
+    settings = ws.settings_of(est._warm_start_from)
+    if settings is None:
+        return None
+    mode = ModeKeys.PREDICT if ModeKeys.PREDICT in receivers else next(iter(receivers))
+    receiver = receivers[mode]
+    zeros = {
+        name: np.zeros(tuple(1 if d is None else d for d in spec.shape), spec.dtype)
+        for name, spec in receiver.receiver_tensors.items()
+    }
+    labels = None
+    if mode != ModeKeys.PREDICT:
+        labels = {n: zeros.pop(n) for n in getattr(receiver, "labels", {}) if n in zeros} or None
+        if labels is not None and set(labels) == {"labels"}:
+            labels = labels["labels"]
+    model = bind_model(est._model_fn, est._model_fn_args, mode, {**est.params, "use_tpu": False}, est.config, None)
+    _, fresh = model.init(jax.random.PRNGKey(est.config.seed), receiver.make_features(zeros), labels)
+    prev = ws.source_variables(settings.ckpt_to_initialize_from)
+    return ws.warm_start(jax.device_get(fresh), settings, prev)
 
 
 def _rename_to_timestamp(tmp: str, base: str) -> str:
