@@ -124,6 +124,15 @@ class TPUConfig:
         first loop is timed step by step and "step" stays when a step takes
         over 2 ms (XLA:CPU runs big models, convolutions above all, slower
         inside `lax.scan`), else "scan"; other backends use "scan".
+      partition_rules: (Not in the original.) With `num_cores_per_replica`:
+        `(regex, PartitionSpec)` pairs; a parameter whose path (e.g.
+        `Dense_0/kernel`) matches a regex (`re.search`, first match wins) is
+        sharded over the replica's cores as the spec says (entries "model" or
+        None). Unmatched parameters follow their layer's
+        `nn.with_partitioning` metadata, else the default: matrices of at least
+        4096 elements split on their largest divisible dimension.
+      logical_axis_rules: (Not in the original.) `(logical name, "model" or
+        None)` pairs mapping `nn.with_logical_partitioning` names to the mesh.
 
     Raises:
       ValueError, TypeError: on an invalid value, with the fix in the message.
@@ -143,6 +152,8 @@ class TPUConfig:
     eval_training_input_configuration: InputPipelineConfig = InputPipelineConfig.PER_HOST_V1
     experimental_host_call_every_n_steps: int = 1
     loop_strategy: Literal["auto", "scan", "step"] = "auto"
+    partition_rules: Sequence[tuple[str, Any]] | None = None
+    logical_axis_rules: Sequence[tuple[str, str | None]] | None = None
 
     def __post_init__(self) -> None:
         parse_iterations_per_loop(self.iterations_per_loop)
@@ -181,6 +192,7 @@ class TPUConfig:
             )
         optional_positive_int(self.initial_infeed_sleep_secs, "initial_infeed_sleep_secs")
         self._check_partition_dims(pipeline)
+        self._check_partition_rules()
         eval_cfg = self.eval_training_input_configuration
         if not (isinstance(eval_cfg, InputPipelineConfig) or is_int(eval_cfg)) or eval_cfg not in (
             InputPipelineConfig.PER_HOST_V1,
@@ -207,6 +219,36 @@ class TPUConfig:
                     f"loop_strategy={self.loop_strategy!r}",
                 )
             )
+
+    def _check_partition_rules(self) -> None:
+        for field in ("partition_rules", "logical_axis_rules"):
+            rules = getattr(self, field)
+            if rules is None:
+                continue
+            ok = not isinstance(rules, (str, bytes)) and isinstance(rules, Sequence)
+            for rule in rules if ok else ():
+                if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)):
+                    ok = False
+                elif field == "partition_rules":
+                    try:
+                        re.compile(rule[0])
+                    except re.error:
+                        ok = False
+                    ok = ok and (rule[1] is None or isinstance(rule[1], (tuple, list)))
+                else:
+                    ok = ok and (rule[1] is None or isinstance(rule[1], str))
+            if not ok:
+                example = (
+                    "[('Dense_0/kernel', PartitionSpec(None, 'model'))]"
+                    if field == "partition_rules"
+                    else "[('mlp', 'model'), ('embed', None)]"
+                )
+                raise ValueError(
+                    message(
+                        f"`{field}` must be a list of (name, value) pairs, e.g. {example}.",
+                        f"{field}={rules!r}",
+                    )
+                )
 
     def _check_partition_dims(self, pipeline: InputPipelineConfig) -> None:
         dims = self.input_partition_dims

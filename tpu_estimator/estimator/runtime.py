@@ -21,6 +21,8 @@ from tpu_estimator.loops import train as train_loops
 from tpu_estimator.model.module import bind_model
 from tpu_estimator.model.spec_view import SpecView, view_spec
 from tpu_estimator.model.state import TrainState
+from tpu_estimator.loops._replica import Placement
+from tpu_estimator.parallel import partitioning
 from tpu_estimator.parallel.layout import DataLayout
 
 if TYPE_CHECKING:
@@ -41,6 +43,7 @@ class Runtime:
         self.example_model = bind_model(est._model_fn, est._model_fn_args, mode, est.params, est.config, 1)
         self.spec: SpecView | None = None  # the latest traced spec (hooks, host_call_fn, ...)
         self._programs: dict[str, Callable[..., Any]] = {}
+        self.input_specs: Any = None  # input_partition_dims as PartitionSpecs (set by load_state)
 
     def view(self, spec: Any) -> SpecView:
         """Checks what model_fn returned and remembers its host-side parts."""
@@ -52,20 +55,45 @@ class Runtime:
         """The jitted program `kind`, built once and cached."""
         if kind not in self._programs:
             topo = self.est._topology
+            place = self.placement
             builders = {
                 "init": lambda: train_loops.init_program(
-                    self.model, self.view, topo, self.est.config.seed, self.mode == ModeKeys.TRAIN
+                    self.model, self.view, topo, self.est.config.seed, self.mode == ModeKeys.TRAIN,
+                    shardings=self._state_shardings,
                 ),
-                "scan": lambda: train_loops.scan_program(self.model, self.view, topo),
-                "step": lambda: train_loops.step_program(self.model, self.view, topo),
-                "eval": lambda: eval_loops.eval_program(self.model, self.view, topo, per_example=False),
+                "scan": lambda: train_loops.scan_program(self.model, self.view, topo, place),
+                "step": lambda: train_loops.step_program(self.model, self.view, topo, place),
+                "eval": lambda: eval_loops.eval_program(
+                    self.model, self.view, topo, per_example=False, placement=place
+                ),
                 "eval_examples": lambda: eval_loops.eval_program(
-                    self.example_model, self.view, topo, per_example=True
+                    self.example_model, self.view, topo, per_example=True, placement=place
                 ),
-                "predict": lambda: predict_loops.predict_program(self.model, self.view, topo),
+                "predict": lambda: predict_loops.predict_program(self.model, self.view, topo, place),
             }
             self._programs[kind] = builders[kind]()
         return self._programs[kind]
+
+    @property
+    def placement(self) -> Placement:
+        """How the programs place outputs, inputs and state (see `loops._replica.Placement`)."""
+        topo = self.est._topology
+        if self.layout.replicated_input:
+            outputs = "first"
+        else:
+            outputs = "gather" if topo.num_hosts > 1 else "concat"
+        init = self._programs.get("init")
+        state = getattr(init, "state_shardings", None)
+        specs = None if state is None else jax.tree.map(lambda s: s.spec, state)
+        return Placement(outputs, inputs=self.input_specs, state=specs)
+
+    def _state_shardings(self, abstract: Any, metadata: Any) -> Any:
+        tpu = self.est.config.tpu_config
+        specs = partitioning.state_specs(
+            abstract, self.est._topology, rules=getattr(tpu, "partition_rules", None),
+            metadata=metadata, logical_rules=getattr(tpu, "logical_axis_rules", None),
+        )
+        return partitioning.named(specs, self.est._topology)
 
     # --- state -----------------------------------------------------------------
 
@@ -80,20 +108,18 @@ class Runtime:
     def load_state(self, batch: HostBatch, axes: Any, step: int | None) -> TrainState:
         """The state at checkpoint `step` of model_dir, or a fresh initialisation (step None)."""
         sample = self.replica_sample(batch, axes)
+        dims = self.est.config.tpu_config.input_partition_dims
+        if dims is not None and self.est._use_tpu and self.input_specs is None:
+            self.input_specs = partitioning.input_specs(dims, sample, axes, self.est._topology)
         init = self.program("init")
         train = self.mode == ModeKeys.TRAIN
         if step is None:
             state = init(*sample)
             return self._after_init(state)
         ckpt = self.est._checkpointer()
+        abstract = init.abstract(*sample)  # traces model_fn in this mode: checks names, finds hooks
         if train:
-            abstract = jax.eval_shape(init, *sample)
-            rep = self.est._topology.replicated()
-            abstract = jax.tree.map(
-                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), abstract
-            )
             return ckpt.restore(step, abstract)
-        jax.eval_shape(init, *sample)  # traces model_fn in this mode: checks names, finds hooks
         raw = ckpt.restore_raw(step)
         state = TrainState(
             params=raw["params"],
@@ -102,12 +128,13 @@ class Runtime:
             step=np.asarray(raw["step"], np.int32),
             rng=np.asarray(raw["rng"], np.uint32),
         )
-        return jax.device_put(state, self.est._topology.replicated())
+        return jax.device_put(state, init.state_shardings)
 
     def _after_init(self, state: TrainState) -> TrainState:
         """Applies `warm_start_from`, then the spec's Scaffold.init_fn (once, on the host), to
         fresh variables."""
-        state = apply_warm_start(state, self.est._warm_start_from, self.est._topology.replicated())
+        sh = self.program("init").state_shardings
+        state = apply_warm_start(state, self.est._warm_start_from, {"params": sh.params, **sh.collections})
         scaffold = self.spec.scaffold if self.spec is not None else None
         init_fn = getattr(scaffold, "init_fn", None)
         if init_fn is None:
@@ -115,8 +142,9 @@ class Runtime:
         variables = init_fn(jax.device_get(state.variables))
         variables = dict(variables)
         params = variables.pop("params", state.params)
-        rep = self.est._topology.replicated()
+        shardings = self.program("init").state_shardings
+        collections = {**state.collections, **variables}
         return state.replace(
-            params=jax.device_put(params, rep),
-            collections=jax.device_put({**state.collections, **variables}, rep),
+            params=jax.device_put(params, shardings.params),
+            collections=jax.device_put(collections, self.est._topology.replicated()),
         )

@@ -436,8 +436,12 @@ class TPUEstimator:
 
     @functools.cached_property
     def _topology(self) -> Topology:
+        tpu = self._config.tpu_config
         return Topology.create(
-            use_tpu=self._use_tpu, cores_per_replica=self._config.tpu_config.cores_per_replica
+            use_tpu=self._use_tpu,
+            cores_per_replica=tpu.cores_per_replica,
+            split_model=tpu.input_partition_dims is not None,
+            cluster=self._config.cluster,
         )
 
     @functools.cached_property

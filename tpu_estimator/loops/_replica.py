@@ -1,12 +1,19 @@
-"""Helpers shared by the compiled programs: replica RNG keys and shard_map wrapping."""
+"""Helpers shared by the compiled programs: replica RNG keys, shard_map wrapping, outputs.
+
+Programs are manual over "data" only (`jax.shard_map(axis_names={"data"})`):
+model_fn sees one replica's batch and whole (logically global) parameters,
+while XLA shards the work of a replica over "model" as the parameters'
+shardings and the input constraints say.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import jax
 from jax import lax
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tpu_estimator.parallel.mesh import DATA, Topology
 
@@ -16,12 +23,69 @@ def replica_key(base: jax.Array, step: jax.Array) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(base, step), lax.axis_index(DATA))
 
 
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """How a program's per-replica values meet the mesh.
+
+    Attributes:
+      outputs: "concat" (batch-major outputs concatenated over replicas),
+        "first" (replica 0's copy: BROADCAST input), or "gather" (concatenated
+        and replicated on every device, so every host can read them).
+      inputs: per-replica PartitionSpecs of (features, labels) leaves over the
+        model axes (input_partition_dims), or None.
+      state: PartitionSpecs of the TrainState (None: replicated).
+    """
+
+    outputs: str = "concat"
+    inputs: Any = None
+    state: Any = None
+
+    def in_spec(self, leading: int = 0) -> P:
+        """The batch's spec: split over "data", or whole on every replica (BROADCAST)."""
+        return P() if self.outputs == "first" else P(*([None] * leading), DATA)
+
+    def out_spec(self, leading: int = 0) -> P:
+        return P(*([None] * leading), DATA) if self.outputs == "concat" else P()
+
+    def collect(self, tree: Any, leading: int = 0) -> Any:
+        """Batch-major per-replica outputs, as `out_spec` expects them."""
+        if self.outputs != "gather":
+            return tree
+        return jax.tree.map(lambda x: lax.all_gather(x, DATA, axis=leading, tiled=True), tree)
+
+    def constrain(self, batch: Any, leading: int = 0) -> Any:
+        """Applies the input partitioning to one replica's (features, labels)."""
+        if self.inputs is None:
+            return batch
+
+        def apply(x: Any, spec: Any) -> Any:
+            if x is None or spec is None:
+                return x
+            if isinstance(x, dict):
+                return {k: apply(v, spec.get(k)) for k, v in x.items()}
+            return lax.with_sharding_constraint(x, P(*([None] * leading), *spec))
+
+        return tuple(apply(x, spec) for x, spec in zip(batch, self.inputs))
+
+    def state_shardings(self, topology: Topology) -> Any:
+        if self.state is None:
+            return topology.replicated()
+        return jax.tree.map(
+            lambda s: NamedSharding(topology.mesh, s), self.state, is_leaf=lambda x: isinstance(x, P)
+        )
+
+
 def over_replicas(
     fn: Callable[..., Any], topology: Topology, in_specs: Any, out_specs: Any
 ) -> Callable[..., Any]:
     """`fn` run once per replica on its shard of the batch (model_fn sees the per-replica batch)."""
     return jax.shard_map(
-        fn, mesh=topology.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
+        fn,
+        mesh=topology.mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        axis_names={DATA},
+        check_vma=False,
     )
 
 

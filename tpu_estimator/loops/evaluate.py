@@ -13,7 +13,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from tpu_estimator.loops._replica import BATCH, REPLICATED, over_replicas, replica_key
+from tpu_estimator.loops._replica import REPLICATED, Placement, over_replicas, replica_key
 from tpu_estimator.model.module import BoundModel
 from tpu_estimator.model.spec_view import SpecView
 from tpu_estimator.parallel.mesh import Topology
@@ -46,14 +46,23 @@ def example_step(model: BoundModel, view: ViewFn, variables: Any, step: Any, rng
 
 
 def eval_program(
-    model: BoundModel, view: ViewFn, topology: Topology, *, per_example: bool
+    model: BoundModel,
+    view: ViewFn,
+    topology: Topology,
+    *,
+    per_example: bool,
+    placement: Placement = Placement(),
 ) -> Callable[..., Any]:
-    """jit(variables, step, rng, batch) -> outputs concatenated over replicas."""
+    """jit(variables, step, rng, batch) -> outputs concatenated over replicas (see `Placement`)."""
     step_fn = example_step if per_example else eval_step
+
+    def run(v: Any, s: Any, r: Any, b: Any) -> Any:
+        return placement.collect(step_fn(model, view, v, s, r, placement.constrain(b)))
+
     sharded = over_replicas(
-        lambda v, s, r, b: step_fn(model, view, v, s, r, b),
+        run,
         topology,
-        in_specs=(REPLICATED, REPLICATED, REPLICATED, BATCH),
-        out_specs=BATCH,
+        in_specs=(REPLICATED, REPLICATED, REPLICATED, placement.in_spec()),
+        out_specs=placement.out_spec(),
     )
     return jax.jit(sharded)

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import jax
 
-from tpu_estimator.loops._replica import BATCH, REPLICATED, over_replicas, replica_key
+from tpu_estimator.loops._replica import REPLICATED, Placement, over_replicas, replica_key
 from tpu_estimator.model.module import BoundModel
 from tpu_estimator.model.spec_view import SpecView
 from tpu_estimator.parallel.mesh import Topology
@@ -20,12 +20,19 @@ def predict_step(model: BoundModel, view: ViewFn, variables: Any, step: Any, rng
     return view(spec).predictions
 
 
-def predict_program(model: BoundModel, view: ViewFn, topology: Topology) -> Callable[..., Any]:
+def predict_program(
+    model: BoundModel, view: ViewFn, topology: Topology, placement: Placement = Placement()
+) -> Callable[..., Any]:
     """jit(variables, step, rng, features) -> predictions concatenated over replicas."""
+
+    def run(v: Any, s: Any, r: Any, f: Any) -> Any:
+        features = placement.constrain((f, None))[0]
+        return placement.collect(predict_step(model, view, v, s, r, features))
+
     sharded = over_replicas(
-        lambda v, s, r, f: predict_step(model, view, v, s, r, f),
+        run,
         topology,
-        in_specs=(REPLICATED, REPLICATED, REPLICATED, BATCH),
-        out_specs=BATCH,
+        in_specs=(REPLICATED, REPLICATED, REPLICATED, placement.in_spec()),
+        out_specs=placement.out_spec(),
     )
     return jax.jit(sharded)

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import flax.linen as nn
 import jax
 import optax
 from jax import lax
 
 from tpu_estimator.loops._replica import (
     REPLICATED,
-    STACKED_BATCH,
-    BATCH,
+    Placement,
     over_replicas,
     replica_key,
 )
@@ -70,47 +70,103 @@ def train_step(
     return new_state, {**outputs, "summaries": replicate_summaries(summaries, DATA)}
 
 
-def scan_program(model: BoundModel, view: ViewFn, topology: Topology) -> Callable[..., Any]:
+def scan_program(
+    model: BoundModel, view: ViewFn, topology: Topology, placement: Placement = Placement()
+) -> Callable[..., Any]:
     """jit(state, stacked batches [k, B, ...]) -> (state, outputs stacked over k steps)."""
 
     def loop(state: TrainState, blocks: Any) -> tuple[TrainState, dict[str, Any]]:
-        return lax.scan(lambda s, b: train_step(model, view, s, b), state, blocks)
+        blocks = placement.constrain(blocks, leading=1)
+        state, outs = lax.scan(lambda s, b: train_step(model, view, s, b), state, blocks)
+        return state, {**outs, "host_call": placement.collect(outs["host_call"], leading=1)}
 
     sharded = over_replicas(
         loop,
         topology,
-        in_specs=(REPLICATED, STACKED_BATCH),
+        in_specs=(REPLICATED, placement.in_spec(1)),
         out_specs=(
             REPLICATED,
-            {"loss": REPLICATED, "host_call": STACKED_BATCH, "summaries": REPLICATED},
+            {"loss": REPLICATED, "host_call": placement.out_spec(1), "summaries": REPLICATED},
         ),
     )
-    return jax.jit(sharded, donate_argnums=0)
+    return jax.jit(sharded, donate_argnums=0, out_shardings=(placement.state_shardings(topology), None))
 
 
-def step_program(model: BoundModel, view: ViewFn, topology: Topology) -> Callable[..., Any]:
+def step_program(
+    model: BoundModel, view: ViewFn, topology: Topology, placement: Placement = Placement()
+) -> Callable[..., Any]:
     """jit(state, batch [B, ...]) -> (state, outputs of this step)."""
+
+    def step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, Any]]:
+        state, outs = train_step(model, view, state, placement.constrain(batch))
+        return state, {**outs, "host_call": placement.collect(outs["host_call"])}
+
     sharded = over_replicas(
-        lambda s, b: train_step(model, view, s, b),
+        step,
         topology,
-        in_specs=(REPLICATED, BATCH),
+        in_specs=(REPLICATED, placement.in_spec()),
         out_specs=(
-            REPLICATED, {"loss": REPLICATED, "host_call": BATCH, "summaries": REPLICATED}
+            REPLICATED,
+            {"loss": REPLICATED, "host_call": placement.out_spec(), "summaries": REPLICATED},
         ),
     )
-    return jax.jit(sharded, donate_argnums=0)
+    return jax.jit(sharded, donate_argnums=0, out_shardings=(placement.state_shardings(topology), None))
 
 
 def init_program(
-    model: BoundModel, view: ViewFn, topology: Topology, seed: int, with_optimizer: bool
-) -> Callable[..., Any]:
-    """jit(features, labels) -> (TrainState at step 0, replicated). Traces model_fn once."""
+    model: BoundModel,
+    view: ViewFn,
+    topology: Topology,
+    seed: int,
+    with_optimizer: bool,
+    shardings: Callable[[Any, Any], Any] | None = None,
+) -> "InitProgram":
+    """(features, labels) -> TrainState at step 0, placed by `shardings`. Traces model_fn once.
+
+    `shardings(abstract_state, metadata_specs)` gives the state's shardings
+    (None: replicated); `metadata_specs` are the layers' own partition specs
+    (`nn.with_partitioning`), read while tracing.
+    """
+
+    found: dict[str, Any] = {}
 
     def init(features: Any, labels: Any) -> TrainState:
         base = jax.random.PRNGKey(seed)
         spec, variables = model.init(jax.random.fold_in(base, 1 << 20), features, labels)
         sv = view(spec)  # validates the spec; the runtime keeps its host-side parts
         tx = sv.train_op if with_optimizer else None
-        return TrainState.create(variables, tx, seed)
+        found["metadata"] = nn.get_partition_spec(dict(variables)).get("params")
+        return TrainState.create(nn.unbox(dict(variables)), tx, seed)
 
-    return jax.jit(init, out_shardings=topology.replicated())
+    return InitProgram(init, found, topology, shardings)
+
+
+class InitProgram:
+    """The jitted initialisation; `abstract()` gives the state's shapes and shardings."""
+
+    def __init__(self, fn: Callable[..., Any], found: dict[str, Any], topology: Topology, shardings: Any) -> None:
+        self._fn, self._found, self._topology, self._shardings = fn, found, topology, shardings
+        self._jitted: Callable[..., Any] | None = None
+        self.state_shardings: Any = None
+
+    def abstract(self, *sample: Any) -> Any:
+        """ShapeDtypeStructs of the state, each with its sharding."""
+        shapes = jax.eval_shape(self._fn, *sample)
+        if self.state_shardings is None:
+            self.state_shardings = (
+                self._shardings(shapes, self._found.get("metadata"))
+                if self._shardings is not None
+                else jax.tree.map(lambda _: self._topology.replicated(), shapes)
+            )
+        return jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, self.state_shardings
+        )
+
+    def __call__(self, *sample: Any) -> TrainState:
+        if self._jitted is None:
+            self.abstract(*sample)
+            self._jitted = jax.jit(self._fn, out_shardings=self.state_shardings)
+        return self._jitted(*sample)
+
+    def _cache_size(self) -> int:
+        return 0 if self._jitted is None else self._jitted._cache_size()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from tpu_estimator.api._checks import message
+from tpu_estimator.parallel.distributed import initialize_cluster
 
 DATA = "data"
 MODEL = "model"
@@ -27,9 +29,18 @@ class Topology:
     host_id: int
 
     @classmethod
-    def create(cls, *, use_tpu: bool, cores_per_replica: int = 1) -> "Topology":
-        """All devices of the default backend (use_tpu) or one CPU device."""
+    def create(
+        cls, *, use_tpu: bool, cores_per_replica: int = 1, split_model: bool = False, cluster: Any = None
+    ) -> "Topology":
+        """All devices of the default backend on every host (use_tpu) or one CPU device.
+
+        With use_tpu, joins the multi-host job first (`initialize_cluster`).
+        `split_model` factors the "model" axis into size-2 axes ("model",
+        "model_1", ...), so inputs can be partitioned over several dimensions
+        (`input_partition_dims`); `model_axes` names them all.
+        """
         if use_tpu:
+            initialize_cluster(cluster)
             devices = jax.devices()
         else:
             devices = jax.local_devices(backend="cpu")[:1]
@@ -42,9 +53,15 @@ class Topology:
                     "Pick a num_cores_per_replica that divides the device count.",
                 )
             )
-        grid = np.asarray(devices, dtype=object).reshape(-1, cores_per_replica)
+        names: tuple[str, ...] = (MODEL,)
+        sizes: tuple[int, ...] = (cores_per_replica,)
+        if split_model and cores_per_replica > 1:
+            n = cores_per_replica.bit_length() - 1  # cores_per_replica is a power of 2
+            names = (MODEL, *(f"{MODEL}_{i}" for i in range(1, n)))
+            sizes = (2,) * n
+        grid = np.asarray(devices, dtype=object).reshape(-1, *sizes)
         return cls(
-            mesh=Mesh(grid, (DATA, MODEL)),
+            mesh=Mesh(grid, (DATA, *names)),
             num_hosts=jax.process_count() if use_tpu else 1,
             host_id=jax.process_index() if use_tpu else 0,
         )
@@ -55,7 +72,18 @@ class Topology:
 
     @property
     def cores_per_replica(self) -> int:
-        return self.mesh.shape[MODEL]
+        return self.mesh.size // self.mesh.shape[DATA]
+
+    @property
+    def model_axes(self) -> tuple[str, ...]:
+        """The mesh axes a replica spans ("model", or its size-2 factors)."""
+        return tuple(a for a in self.mesh.axis_names if a != DATA)
+
+    @property
+    def model_axis(self) -> str | tuple[str, ...]:
+        """The replica's axes as one PartitionSpec entry."""
+        axes = self.model_axes
+        return axes[0] if len(axes) == 1 else axes
 
     @property
     def num_devices(self) -> int:

@@ -1,0 +1,105 @@
+"""Calling `input_fn` as the input pipeline mode says, and merging what it yields.
+
+PER_HOST_V1/V2 call it once per host; PER_SHARD_V1 once per local replica
+(each with its own `InputContext.input_pipeline_id`), and the replicas'
+batches are taken in turn; BROADCAST and SLICED call it on host 0 only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from tpu_estimator.api.tpu_config import InputPipelineConfig
+from tpu_estimator.feeding.host_batches import HostBatches, as_iterable
+from tpu_estimator.feeding.input_state import get_input_state, is_checkpointable, set_input_state
+from tpu_estimator.model.call import call_with
+from tpu_estimator.parallel.input_context import InputContext
+from tpu_estimator.parallel.layout import DataLayout
+
+
+class Interleaved:
+    """Yields one element of each iterator in turn (stops when one ends).
+
+    Checkpointable (`get_state`/`set_state`) when every iterator is.
+    """
+
+    def __init__(self, iterators: list[Iterator[Any]]) -> None:
+        self._its = iterators
+        self._next = 0
+        if all(is_checkpointable(it) for it in iterators):
+            self.get_state = self._get_state
+            self.set_state = self._set_state
+
+    def __iter__(self) -> "Interleaved":
+        return self
+
+    def __next__(self) -> Any:
+        item = next(self._its[self._next])
+        self._next = (self._next + 1) % len(self._its)
+        return item
+
+    def _get_state(self) -> Any:
+        return {"next": self._next, "pipelines": [get_input_state(it) for it in self._its]}
+
+    def _set_state(self, state: Any) -> None:
+        self._next = int(state["next"])
+        for it, saved in zip(self._its, state["pipelines"]):
+            set_input_state(it, saved)
+
+
+def contexts(layout: DataLayout) -> list[InputContext]:
+    """The `InputContext` of each input_fn call this host makes (may be empty: not host 0)."""
+    calls = layout.input_fn_calls_per_host
+    per_replica = layout.per_replica_batch_size if layout.global_batch_size else None
+    if layout.pipeline is InputPipelineConfig.PER_SHARD_V1:
+        first = layout.host_id * layout.local_replicas
+        return [
+            InputContext(layout.num_replicas, first + i, layout.num_replicas, per_replica)
+            for i in range(calls)
+        ]
+    if layout.host0_reads:
+        return [InputContext(1, 0, layout.num_replicas, per_replica)] * calls
+    return [InputContext(layout.num_hosts, layout.host_id, layout.num_replicas, per_replica)]
+
+
+def open_input(
+    input_fn: Callable[..., Any],
+    names: frozenset[str],
+    *,
+    layout: DataLayout,
+    params: dict[str, Any],
+    config: Any,
+    mode: str,
+    batch_axis: Any,
+    pad_final: bool,
+) -> tuple[HostBatches, Any]:
+    """Calls input_fn as `layout` says; (validated host batches, the raw iterator)."""
+    params = dict(params)
+    if layout.global_batch_size:
+        params["batch_size"] = layout.input_fn_batch_size
+    iterators = [
+        iter(as_iterable(call_with(input_fn, names, params=dict(params), config=config, mode=mode,
+                                   input_context=ctx)))
+        for ctx in contexts(layout)
+    ]
+    if not iterators:  # not host 0 in BROADCAST/SLICED: host 0's batches arrive by broadcast
+        from tpu_estimator.parallel.distributed import received_batches
+
+        iterator: Any = received_batches()
+    elif len(iterators) == 1:
+        iterator = iterators[0]
+    else:
+        iterator = Interleaved(iterators)
+    if layout.host0_reads and layout.num_hosts > 1 and iterators:
+        from tpu_estimator.parallel.distributed import broadcast_batches
+
+        iterator = broadcast_batches(iterator)
+    batches = HostBatches(
+        iterator,
+        batch_size=layout.read_batch_size if layout.global_batch_size else None,
+        batch_axis=batch_axis,
+        pad_final=pad_final,
+        pulls=layout.batches_per_pull,
+    )
+    return batches, iterator
+

@@ -1,0 +1,116 @@
+"""Joining a multi-host job: `jax.distributed.initialize` before any device use.
+
+The cluster comes from `RunConfig(cluster=ClusterConfig(...))`, else the
+`TPU_ESTIMATOR_*` environment (`ClusterConfig.from_environment`), else what
+`jax.distributed.initialize()` detects by itself (SLURM, Open MPI, TPU pod
+slices, Kubernetes with `JAX_COORDINATOR_ADDRESS`). A single process needs
+nothing. See docs/cluster.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import jax
+
+log = logging.getLogger("tpu_estimator")
+
+# Environment that marks a job `jax.distributed.initialize()` can detect on its own.
+_AUTO_ENV = ("JAX_COORDINATOR_ADDRESS", "SLURM_STEP_NODELIST", "OMPI_MCA_orte_hnp_uri", "TPU_WORKER_HOSTNAMES")
+
+
+def is_initialized() -> bool:
+    from jax._src import distributed
+
+    return distributed.global_state.client is not None
+
+
+def _auto_detectable(env: Any) -> bool:
+    if "SLURM_STEP_NODELIST" in env and int(env.get("SLURM_NTASKS", "1")) <= 1:
+        return False
+    if "TPU_WORKER_HOSTNAMES" in env and "," not in env["TPU_WORKER_HOSTNAMES"]:
+        return False
+    return any(k in env for k in _AUTO_ENV)
+
+
+def initialize_cluster(cluster: Any = None, *, environ: Any = None) -> bool:
+    """Joins the multi-host job once per process; True if this process is part of one.
+
+    Call it (or create the estimator's devices, which calls it) before any
+    other JAX device use. `cluster` is a `ClusterConfig` or None (environment).
+
+    Example:
+      >>> tpu_estimator.initialize_cluster(tpu_estimator.ClusterConfig(
+      ...     '10.0.0.1:1234', num_processes=2, process_id=0))
+    """
+    from tpu_estimator.api.run_config import ClusterConfig
+
+    if is_initialized():
+        return True
+    env = os.environ if environ is None else environ
+    cluster = cluster if cluster is not None and cluster.is_explicit else ClusterConfig.from_environment(env)
+    if cluster.is_explicit:
+        log.info(
+            "Joining %d processes at %s as process %d.",
+            cluster.num_processes, cluster.coordinator_address, cluster.process_id,
+        )
+        jax.distributed.initialize(
+            coordinator_address=cluster.coordinator_address,
+            num_processes=cluster.num_processes,
+            process_id=cluster.process_id,
+        )
+        return True
+    if _auto_detectable(env):
+        log.info("Joining the cluster jax.distributed detects from the environment.")
+        jax.distributed.initialize()
+        return True
+    return False
+
+
+# --- host 0's input, sent to the other hosts (BROADCAST, SLICED) -----------------
+# Through the coordinator's key-value store, not device collectives: a host-side
+# channel cannot deadlock with the training programs' collectives.
+
+_GET_TIMEOUT_MS = 60 * 60 * 1000
+_END = b"__end__"
+_opened = [0]
+
+
+def _client() -> Any:
+    from jax._src import distributed
+
+    return distributed.global_state.client
+
+
+def _next_tag() -> str:
+    _opened[0] += 1  # every host opens its inputs in the same order
+    return f"tpu_estimator/input/{_opened[0]}"
+
+
+def broadcast_batches(iterator: Any) -> Any:
+    """On host 0: yields `iterator`'s elements and publishes each for the other hosts."""
+    import pickle
+
+    from tpu_estimator.feeding.host_batches import split_element
+
+    tag, client, i = _next_tag(), _client(), 0
+    for element in iterator:
+        client.key_value_set_bytes(f"{tag}/{i}", pickle.dumps(split_element(element)))
+        i += 1
+        yield element
+    client.key_value_set_bytes(f"{tag}/{i}", _END)
+
+
+def received_batches() -> Any:
+    """On the other hosts: the elements host 0 publishes with `broadcast_batches`."""
+    import pickle
+
+    tag, client, i = _next_tag(), _client(), 0
+    while True:
+        data = client.blocking_key_value_get_bytes(f"{tag}/{i}", _GET_TIMEOUT_MS)
+        if data == _END:
+            return
+        i += 1
+        yield pickle.loads(data)
