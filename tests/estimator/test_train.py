@@ -176,3 +176,29 @@ def test_dropout_is_reproducible_and_differs_per_replica(tmp_path, data):
     k = "Dense_0/kernel"
     np.testing.assert_array_equal(a.get_variable_value(k), b.get_variable_value(k))
     assert not np.allclose(a.get_variable_value(k), c.get_variable_value(k))
+
+
+def test_a_time_based_loop_starts_small_and_grows_in_powers_of_two(tmp_path, data):
+    x, y = data
+    hook = StepRecorder()
+    tpu = te.TPUConfig(iterations_per_loop="1s", loop_strategy="scan")
+    estimator(tmp_path, tpu_config=tpu).train(batches_fn(x, y, repeat=3), steps=40, hooks=[hook])
+    sizes = np.diff([0, *hook.steps])
+    assert hook.steps[0] == 1 and hook.steps[-1] == 40
+    assert all(s & (s - 1) == 0 for s in sizes[:-1]), sizes  # powers of two, few programs
+    assert len(sizes) < 10
+
+
+def test_a_loop_bigger_than_the_chunk_bound_is_fed_in_chunks(tmp_path, data, monkeypatch):
+    from tpu_estimator.estimator import training
+
+    x, y = data
+    inp = batches_fn(x, y, repeat=2)
+    whole = estimator(tmp_path / "whole", ipl=8).train(inp, steps=16)
+    monkeypatch.setattr(training, "MAX_CHUNK_BYTES", 3 * 16 * 9 * 4)  # 3 batches per chunk
+    hook = StepRecorder()
+    chunked = estimator(tmp_path / "chunked", ipl=8).train(inp, steps=16, hooks=[hook])
+    assert hook.steps == [8, 16]
+    np.testing.assert_allclose(
+        chunked.get_variable_value("Dense_1/kernel"), whole.get_variable_value("Dense_1/kernel"), rtol=1e-6
+    )
