@@ -234,7 +234,12 @@ class TPUConfig:
                         re.compile(rule[0])
                     except re.error:
                         ok = False
-                    ok = ok and (rule[1] is None or isinstance(rule[1], (tuple, list)))
+                    spec = rule[1]
+                    ok = ok and (
+                        spec is None
+                        or isinstance(spec, (tuple, list))
+                        or type(spec).__name__ in ("P", "PartitionSpec")
+                    )
                 else:
                     ok = ok and (rule[1] is None or isinstance(rule[1], str))
             if not ok:
