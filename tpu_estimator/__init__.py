@@ -77,4 +77,7 @@ from tpu_estimator.estimator.train_and_evaluate import EvalSpec as EvalSpec
 from tpu_estimator.estimator.train_and_evaluate import TrainSpec as TrainSpec
 from tpu_estimator.estimator.train_and_evaluate import train_and_evaluate as train_and_evaluate
 
+# --- scale ---
+from tpu_estimator.parallel.distributed import initialize_cluster as initialize_cluster
+
 __version__ = "0.1.0"

@@ -69,6 +69,9 @@ def _generate(est, input_fn, predict_keys, hooks, checkpoint_path, single) -> It
             requests = [h.before_run(ctx) for h in all_hooks]
             out = runtime.program("predict")(variables, state.step, state.rng, device)
             preds = _select(jax.device_get(out), predict_keys)
+            if runtime.placement.outputs == "gather":  # several hosts: this host's rows, in its order
+                start = topo.host_id * runtime.layout.per_host_batch_size
+                preds = jax.tree.map(lambda x: np.asarray(x)[start : start + host.size], preds)
             preds = jax.tree.map(lambda x: np.asarray(x)[: host.num_real], preds)
             hook_runner.after_run(all_hooks, ctx, requests, {"global_step": global_step}, global_step)
             if single:

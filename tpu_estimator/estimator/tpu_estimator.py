@@ -23,6 +23,7 @@ from tpu_estimator.feeding.pipelines import open_input
 from tpu_estimator.loops.strategy import LoopStrategy
 from tpu_estimator.model.call import INPUT_FN_ARGS, accepted_args, check_model_fn
 from tpu_estimator.model.state import TrainState
+from tpu_estimator.parallel.distributed import initialize_cluster
 from tpu_estimator.parallel.layout import DataLayout
 from tpu_estimator.parallel.mesh import Topology
 
@@ -170,6 +171,8 @@ class TPUEstimator:
         self._warm_start_from = warm_start_from
         self._export_api_version = export_saved_model_api_version
         self._runtimes: dict[tuple[str, int | None], Runtime] = {}
+        if self._use_tpu:  # several hosts: join before anything (Orbax included) touches devices
+            initialize_cluster(config.cluster)
         self._ckpt: Checkpointer | None = None
         self._last_state: TrainState | None = None
 

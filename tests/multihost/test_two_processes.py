@@ -1,0 +1,62 @@
+"""Two processes on 127.0.0.1 (4 CPU devices each) train like one process with 8 devices,
+and each restores the other's checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+WORKER = os.path.join(os.path.dirname(__file__), "worker.py")
+TIMEOUT = 60
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(nproc: int, model_dir, steps: int, out) -> dict:
+    devices = 8 // nproc
+    port = _port()
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
+    procs = [
+        subprocess.Popen(
+            [sys.executable, WORKER, str(devices), str(i), str(nproc), str(port), str(model_dir), str(steps), str(out)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for i in range(nproc)
+    ]
+    try:
+        logs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        pytest.fail("multi-process training timed out")
+    finally:
+        for p in procs:  # jax.distributed catches SIGTERM: SIGKILL
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-3000:]
+    return dict(np.load(out))
+
+
+def test_two_processes_match_one_and_share_checkpoints(tmp_path):
+    two = run(2, tmp_path / "a", 4, tmp_path / "two.npz")
+    one = run(1, tmp_path / "b", 4, tmp_path / "one.npz")
+    assert (two["procs"], one["procs"]) == (2, 1)
+    for k in set(one) - {"procs"}:
+        np.testing.assert_allclose(two[k], one[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    # each continues the other's checkpoint
+    one_from_two = run(1, tmp_path / "a", 6, tmp_path / "c.npz")
+    two_from_one = run(2, tmp_path / "b", 6, tmp_path / "d.npz")
+    assert one_from_two["step"] == two_from_one["step"] == 6
+    for k in set(one) - {"procs"}:
+        np.testing.assert_allclose(one_from_two[k], two_from_one[k], rtol=1e-5, atol=1e-6, err_msg=k)

@@ -1,0 +1,44 @@
+"""One process of the multi-host test: `python worker.py <devices> <pid> <nproc> <port> <model_dir> <steps> <out>`."""
+
+import os
+import sys
+
+devices, pid, nproc, port, model_dir, steps, out = sys.argv[1:8]
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+import tpu_estimator as te  # noqa: E402
+
+X = np.random.RandomState(0).randn(256, 8).astype(np.float32)
+Y = (X.sum(1) > 0).astype(np.int32)
+
+
+def model_fn(features, labels, mode, params):
+    logits = nn.Dense(2)(nn.relu(nn.Dense(16)(features)))
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    return te.TPUEstimatorSpec(mode, loss=loss, train_op=optax.adam(1e-2))
+
+
+def input_fn(params, input_context):
+    b, n, h = params["batch_size"], input_context.num_hosts, input_context.host_id
+    for i in range(0, len(X), b * n):  # this host's rows of each global batch
+        yield X[i + h * b : i + (h + 1) * b], Y[i + h * b : i + (h + 1) * b]
+
+
+cluster = te.ClusterConfig(f"127.0.0.1:{port}", int(nproc), int(pid)) if int(nproc) > 1 else None
+cfg = te.RunConfig(
+    model_dir=model_dir, cluster=cluster, log_step_count_steps=None,
+    tpu_config=te.TPUConfig(iterations_per_loop=2, loop_strategy="scan"),
+)
+est = te.TPUEstimator(model_fn, config=cfg, train_batch_size=16)
+est.train(input_fn, max_steps=int(steps))
+params = jax.tree.map(np.asarray, jax.device_get(est._last_state.params))
+if jax.process_index() == 0:
+    flat = {"/".join(str(k.key) for k in p): v for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+    np.savez(out, step=int(jax.device_get(est._last_state.step)), procs=jax.process_count(), **flat)
+print("worker done", pid, flush=True)
