@@ -15,12 +15,13 @@ import jax
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from tpu_estimator.parallel.collectives import replica_gather, replica_index, single_replica
 from tpu_estimator.parallel.mesh import DATA, Topology
 
 
 def replica_key(base: jax.Array, step: jax.Array) -> jax.Array:
     """A key distinct per step and per replica, reproducible from `base`."""
-    return jax.random.fold_in(jax.random.fold_in(base, step), lax.axis_index(DATA))
+    return jax.random.fold_in(jax.random.fold_in(base, step), replica_index())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +52,7 @@ class Placement:
         """Batch-major per-replica outputs, as `out_spec` expects them."""
         if self.outputs != "gather":
             return tree
-        return jax.tree.map(lambda x: lax.all_gather(x, DATA, axis=leading, tiled=True), tree)
+        return jax.tree.map(lambda x: replica_gather(x, axis=leading), tree)
 
     def constrain(self, batch: Any, leading: int = 0) -> Any:
         """Applies the input partitioning to one replica's (features, labels)."""
@@ -78,7 +79,17 @@ class Placement:
 def over_replicas(
     fn: Callable[..., Any], topology: Topology, in_specs: Any, out_specs: Any
 ) -> Callable[..., Any]:
-    """`fn` run once per replica on its shard of the batch (model_fn sees the per-replica batch)."""
+    """`fn` run once per replica on its shard of the batch (model_fn sees the per-replica batch).
+
+    On a single device `fn` runs as it is (see parallel/collectives.py).
+    """
+    if topology.num_devices == 1:
+
+        def one(*args: Any) -> Any:
+            with single_replica():
+                return fn(*args)
+
+        return one
     return jax.shard_map(
         fn,
         mesh=topology.mesh,

@@ -25,7 +25,8 @@ from tpu_estimator.loops._replica import (
 from tpu_estimator.model.module import BoundModel
 from tpu_estimator.model.spec_view import SpecView
 from tpu_estimator.model.state import TrainState
-from tpu_estimator.parallel.mesh import DATA, Topology
+from tpu_estimator.parallel.collectives import replica_mean
+from tpu_estimator.parallel.mesh import Topology
 from tpu_estimator.summary._collect import collecting
 from tpu_estimator.summary._collect import replicate as replicate_summaries
 
@@ -58,16 +59,16 @@ def train_step(
         state.params
     )
     tx = found["spec"].train_op
-    grads = lax.pmean(grads, DATA)
+    grads = replica_mean(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new_state = state.replace(
         params=optax.apply_updates(state.params, updates),
         opt_state=opt_state,
-        collections={**state.collections, **lax.pmean(dict(mutated), DATA)},
+        collections={**state.collections, **replica_mean(dict(mutated))},
         step=state.step + 1,
     )
-    outputs = {"loss": lax.pmean(loss, DATA), "host_call": host_tensors}
-    return new_state, {**outputs, "summaries": replicate_summaries(summaries, DATA)}
+    outputs = {"loss": replica_mean(loss), "host_call": host_tensors}
+    return new_state, {**outputs, "summaries": replicate_summaries(summaries)}
 
 
 def scan_program(

@@ -14,9 +14,9 @@ from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from tpu_estimator.api._checks import message
+from tpu_estimator.parallel.collectives import replica_gather, replica_mean
 
 KINDS = ("scalar", "histogram", "image")
 MAX_IMAGES = 3
@@ -108,10 +108,10 @@ def image(name: str, images: Any) -> None:
     _add("image", name, images[:MAX_IMAGES])
 
 
-def replicate(box: dict[str, dict[str, Any]], axis: str) -> dict[str, dict[str, Any]]:
+def replicate(box: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per-replica summaries -> one copy: scalars averaged, histograms gathered, images of replica 0."""
     return {
-        "scalar": {k: lax.pmean(v, axis) for k, v in box["scalar"].items()},
-        "histogram": {k: lax.all_gather(v, axis, tiled=True) for k, v in box["histogram"].items()},
+        "scalar": {k: replica_mean(v) for k, v in box["scalar"].items()},
+        "histogram": {k: replica_gather(v) for k, v in box["histogram"].items()},
         "image": dict(box["image"]),  # out_specs P(): the first replica's value
     }
