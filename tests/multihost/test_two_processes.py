@@ -1,5 +1,5 @@
-"""Two processes on 127.0.0.1 (4 CPU devices each) train like one process with 8 devices,
-and each restores the other's checkpoint."""
+"""Two processes on 127.0.0.1 (4 CPU devices each) train, evaluate and predict like one
+process with 8 devices, and each restores the other's checkpoint."""
 
 from __future__ import annotations
 
@@ -52,8 +52,14 @@ def test_two_processes_match_one_and_share_checkpoints(tmp_path):
     two = run(2, tmp_path / "a", 4, tmp_path / "two.npz")
     one = run(1, tmp_path / "b", 4, tmp_path / "one.npz")
     assert (two["procs"], one["procs"]) == (2, 1)
-    for k in set(one) - {"procs"}:
+    for k in set(one) - {"procs"}:  # parameters, and evaluate() over uneven hosts
         np.testing.assert_allclose(two[k], one[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    # predictions: each host gets its own rows, in its input order
+    per_host = [np.load(f"{tmp_path / 'two.npz'}.predict{i}.npy") for i in range(2)]
+    assert [len(p) for p in per_host] == [60, 40]
+    np.testing.assert_allclose(
+        np.concatenate(per_host), np.load(f"{tmp_path / 'one.npz'}.predict0.npy"), rtol=1e-5, atol=1e-6
+    )
     # each continues the other's checkpoint
     one_from_two = run(1, tmp_path / "a", 6, tmp_path / "c.npz")
     two_from_one = run(2, tmp_path / "b", 6, tmp_path / "d.npz")

@@ -20,8 +20,33 @@ Y = (X.sum(1) > 0).astype(np.int32)
 
 def model_fn(features, labels, mode, params):
     logits = nn.Dense(2)(nn.relu(nn.Dense(16)(features)))
+    if mode == te.ModeKeys.PREDICT:
+        return te.TPUEstimatorSpec(mode, predictions={"logits": logits})
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    if mode == te.ModeKeys.EVAL:
+        fn = lambda y, z: {"accuracy": te.metrics.accuracy(y, z.argmax(-1))}
+        return te.TPUEstimatorSpec(mode, loss=loss, eval_metrics=(fn, [labels, logits]))
     return te.TPUEstimatorSpec(mode, loss=loss, train_op=optax.adam(1e-2))
+
+
+def eval_rows(input_context):
+    """100 examples; on two hosts, 60 on host 0 and 40 on host 1 (uneven, with a short batch)."""
+    rows = np.arange(100)
+    if input_context.num_hosts == 2:
+        rows = rows[:60] if input_context.host_id == 0 else rows[60:]
+    return rows
+
+
+def eval_input_fn(params, input_context):
+    rows, b = eval_rows(input_context), params["batch_size"]
+    for i in range(0, len(rows), b):
+        yield X[rows[i : i + b]], Y[rows[i : i + b]]
+
+
+def predict_input_fn(params, input_context):
+    rows, b = eval_rows(input_context), params["batch_size"]
+    for i in range(0, len(rows), b):
+        yield X[rows[i : i + b]]
 
 
 def input_fn(params, input_context):
@@ -35,10 +60,16 @@ cfg = te.RunConfig(
     model_dir=model_dir, cluster=cluster, log_step_count_steps=None,
     tpu_config=te.TPUConfig(iterations_per_loop=2, loop_strategy="scan"),
 )
-est = te.TPUEstimator(model_fn, config=cfg, train_batch_size=16)
+est = te.TPUEstimator(model_fn, config=cfg, train_batch_size=16, eval_batch_size=16, predict_batch_size=16)
 est.train(input_fn, max_steps=int(steps))
+result = est.evaluate(eval_input_fn)
+logits = np.stack([p["logits"] for p in est.predict(predict_input_fn)])
+np.save(f"{out}.predict{pid}.npy", logits)
 params = jax.tree.map(np.asarray, jax.device_get(est._last_state.params))
 if jax.process_index() == 0:
     flat = {"/".join(str(k.key) for k in p): v for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
-    np.savez(out, step=int(jax.device_get(est._last_state.step)), procs=jax.process_count(), **flat)
+    np.savez(
+        out, step=int(jax.device_get(est._last_state.step)), procs=jax.process_count(),
+        eval_loss=result["loss"], eval_accuracy=result["accuracy"], **flat,
+    )
 print("worker done", pid, flush=True)

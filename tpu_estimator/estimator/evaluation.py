@@ -19,6 +19,7 @@ from tpu_estimator.api._checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.estimator import hook_runner, progress
 from tpu_estimator.feeding.device import batch_specs, to_device
+from tpu_estimator.feeding.lockstep import empty_like, in_lockstep, real_rows
 from tpu_estimator.feeding.prefetch import Prefetch
 from tpu_estimator.hooks.session_run_hook import RunContext
 from tpu_estimator.metrics import Metric, merge_stacked
@@ -68,14 +69,19 @@ def evaluate(
     global_step = int(jax.device_get(state.step))
     variables = state.variables
     feed = Prefetch(device_batches())
+
+    def empty() -> Any:
+        pad = empty_like(first)
+        return pad, to_device(pad.tree, specs, topo)
+
     try:
-        for host, device in feed:
+        for host, device, counts in in_lockstep(feed, empty):
             ctx = RunContext(session=est)
             requests = [h.before_run(ctx) for h in all_hooks]
-            padded = host.num_real < host.size
+            padded = bool((counts < host.size).any())
             program = runtime.program("eval_examples" if padded else "eval")
             out = program(variables, state.step, state.rng, device)
-            acc.add(jax.device_get(out), host.num_real, padded)
+            acc.add(jax.device_get(out), real_rows(counts, host.size), padded)
             values = {"loss": acc.loss_so_far(), "global_step": global_step}
             hook_runner.after_run(all_hooks, ctx, requests, values, global_step)
             if ctx.stop_requested:
@@ -99,13 +105,15 @@ class _Accumulator:
         self.count = 0
         self.states: dict[str, Metric] = {}
 
-    def add(self, out: dict[str, Any], n: int, padded: bool) -> None:
+    def add(self, out: dict[str, Any], real: np.ndarray, padded: bool) -> None:
+        """Adds one step's outputs; `real` masks the real rows (all hosts' rows, in order)."""
         spec = self.runtime.spec
         losses = np.asarray(out["loss"], np.float64)
-        if padded:
-            self.loss_sum += float(losses[:n].sum())
-            ops = {k: merge_stacked(jax.tree.map(lambda x: x[:n], v)) for k, v in out["ops"].items()}
-            tensors = jax.tree.map(lambda x: np.asarray(x)[:n], out["tensors"])
+        n = int(real.sum())
+        if padded:  # per-example outputs: keep the real rows
+            self.loss_sum += float(losses[real].sum())
+            ops = {k: merge_stacked(jax.tree.map(lambda x: np.asarray(x)[real], v)) for k, v in out["ops"].items()}
+            tensors = jax.tree.map(lambda x: np.asarray(x)[real], out["tensors"])
         else:
             self.loss_sum += float(losses.mean()) * n
             ops = {k: merge_stacked(v) for k, v in out["ops"].items()}

@@ -17,6 +17,7 @@ from tpu_estimator.api._checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.estimator import hook_runner, progress
 from tpu_estimator.feeding.device import batch_specs, to_device
+from tpu_estimator.feeding.lockstep import empty_like, in_lockstep
 from tpu_estimator.feeding.prefetch import Prefetch
 from tpu_estimator.hooks.session_run_hook import RunContext
 
@@ -63,14 +64,19 @@ def _generate(est, input_fn, predict_keys, hooks, checkpoint_path, single) -> It
     hook_runner.call_all(all_hooks, "begin")
     hook_runner.call_all(all_hooks, "after_create_session", est, None)
     feed = Prefetch(device_batches())
+
+    def empty() -> Any:
+        pad = empty_like(first)
+        return pad, to_device(pad.features, specs, topo)
+
     try:
-        for host, device in feed:
+        for host, device, _ in in_lockstep(feed, empty):
             ctx = RunContext(session=est)
             requests = [h.before_run(ctx) for h in all_hooks]
             out = runtime.program("predict")(variables, state.step, state.rng, device)
             preds = _select(jax.device_get(out), predict_keys)
             if runtime.placement.outputs == "gather":  # several hosts: this host's rows, in its order
-                start = topo.host_id * runtime.layout.per_host_batch_size
+                start = topo.host_id * host.size
                 preds = jax.tree.map(lambda x: np.asarray(x)[start : start + host.size], preds)
             preds = jax.tree.map(lambda x: np.asarray(x)[: host.num_real], preds)
             hook_runner.after_run(all_hooks, ctx, requests, {"global_step": global_step}, global_step)
