@@ -114,6 +114,8 @@ def check_batch_major(items: Mapping[str, Any], what: str, *, same_batch: bool) 
                 message(
                     f"All {what} arrays must have the same batch size (dim 0).",
                     ", ".join(f"{n}.shape[0]={s}" for n, s in sizes.items()),
+                    f"{what.capitalize()} are batch-major: make the batch the first dimension of "
+                    "each array (the host concatenates them over replicas and yields one per example).",
                 )
             )
 
