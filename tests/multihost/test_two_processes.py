@@ -66,3 +66,16 @@ def test_two_processes_match_one_and_share_checkpoints(tmp_path):
     assert one_from_two["step"] == two_from_one["step"] == 6
     for k in set(one) - {"procs"}:
         np.testing.assert_allclose(one_from_two[k], two_from_one[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_broadcast_input_from_host_zero_matches_one_host(tmp_path, monkeypatch):
+    # BROADCAST: input_fn runs on host 0 only; host 1 receives its batches.
+    monkeypatch.setenv("WORKER_INPUT_MODE", "BROADCAST")
+    two = run(2, tmp_path / "a", 4, tmp_path / "two.npz")
+    monkeypatch.setenv("WORKER_INPUT_MODE", "PER_HOST_V1")
+    one = run(1, tmp_path / "b", 4, tmp_path / "one.npz")
+    for k in set(one) - {"procs"}:  # every replica saw the whole global batch: same mean gradient
+        np.testing.assert_allclose(two[k], one[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    expected = np.load(f"{tmp_path / 'one.npz'}.predict0.npy")
+    for i in range(2):  # each host yields the predictions of the broadcast input
+        np.testing.assert_allclose(np.load(f"{tmp_path / 'two.npz'}.predict{i}.npy"), expected, rtol=1e-5, atol=1e-6)

@@ -58,7 +58,10 @@ def input_fn(params, input_context):
 cluster = te.ClusterConfig(f"127.0.0.1:{port}", int(nproc), int(pid)) if int(nproc) > 1 else None
 cfg = te.RunConfig(
     model_dir=model_dir, cluster=cluster, log_step_count_steps=None,
-    tpu_config=te.TPUConfig(iterations_per_loop=2, loop_strategy="scan"),
+    tpu_config=te.TPUConfig(
+        iterations_per_loop=2, loop_strategy="scan",
+        per_host_input_for_training=te.InputPipelineConfig[os.environ.get("WORKER_INPUT_MODE", "PER_HOST_V1")],
+    ),
 )
 est = te.TPUEstimator(model_fn, config=cfg, train_batch_size=16, eval_batch_size=16, predict_batch_size=16)
 est.train(input_fn, max_steps=int(steps))
