@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 
 import tpu_estimator as te
-from tests.estimator.conftest import batches_fn, cache_sizes, estimator, make_data
+from tests.estimator.conftest import batches_fn, cache_sizes, estimator
 
 
 class StepRecorder(te.SessionRunHook):

@@ -11,7 +11,6 @@ import datetime
 import os
 from typing import Any
 
-import jax
 import orbax.checkpoint as ocp
 
 from tpu_estimator.api._checks import message

@@ -19,6 +19,7 @@ import numpy as np
 
 from tpu_estimator.api._checks import message
 from tpu_estimator.checkpoint.manager import Checkpointer
+from tpu_estimator.checkpoint.variables import flatten, saved_variables, variable_name
 
 log = logging.getLogger("tpu_estimator")
 
@@ -76,16 +77,6 @@ def settings_of(warm_start_from: Any) -> WarmStartSettings | None:
     )
 
 
-def _name(path: Any) -> str:
-    keys = [str(getattr(p, "key", getattr(p, "idx", p))) for p in path]
-    return "/".join(keys[1:] if keys and keys[0] == "params" else keys)
-
-
-def flatten(variables: Any) -> dict[str, Any]:
-    """{name: leaf} of a Flax variables dict, named as get_variable_names() names them."""
-    return {_name(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(variables)[0]}
-
-
 def source_variables(path: str) -> dict[str, np.ndarray]:
     """The variables saved at `path` (model_dir, `<model_dir>/<step>`, or an export), by name."""
     path = os.path.abspath(os.fspath(path))
@@ -112,8 +103,9 @@ def source_variables(path: str) -> dict[str, np.ndarray]:
                 f"path={path!r} holds none",
             )
         )
-    raw = ckpt.restore_raw(step)
-    return flatten({"params": raw["params"], **dict(raw.get("collections") or {})})
+    variables = saved_variables(ckpt, step)
+    variables.pop("global_step")
+    return variables
 
 
 def _selected(names: list[str], trainable: list[str], spec: Any) -> list[str]:
@@ -167,7 +159,7 @@ def warm_start(variables: dict[str, Any], settings: WarmStartSettings, prev: dic
             )
         values[name] = np.asarray(prev[old]).astype(np.asarray(current[name]).dtype)
     log.info("Warm-started %d variables: %s", len(values), sorted(values))
-    return jax.tree_util.tree_map_with_path(lambda p, x: values.get(_name(p), x), variables)
+    return jax.tree_util.tree_map_with_path(lambda p, x: values.get(variable_name(p), x), variables)
 
 
 def apply_warm_start(state: Any, warm_start_from: Any, sharding: Any) -> Any:

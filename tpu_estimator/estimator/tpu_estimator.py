@@ -5,17 +5,17 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import tempfile
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import numpy as np
 
-from tpu_estimator.api._checks import is_int, message
+from tpu_estimator.api._checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.api.run_config import RunConfig
 from tpu_estimator.checkpoint.manager import Checkpointer, split_checkpoint_path
-from tpu_estimator.estimator import evaluation, prediction, training
+from tpu_estimator.checkpoint.variables import saved_variables
+from tpu_estimator.estimator import arguments, evaluation, prediction, training
 from tpu_estimator.estimator.runtime import Runtime
 from tpu_estimator.feeding.host_batches import HostBatch, HostBatches
 from tpu_estimator.feeding.input_state import set_input_state
@@ -28,8 +28,6 @@ from tpu_estimator.parallel.layout import DataLayout
 from tpu_estimator.parallel.mesh import Topology
 
 log = logging.getLogger("tpu_estimator")
-
-_RESERVED_PARAMS = ("batch_size", "context")
 
 
 class TPUEstimator:
@@ -98,63 +96,17 @@ class TPUEstimator:
         embedding_config_spec: Any = None,
         export_saved_model_api_version: int = 1,
     ) -> None:
-        if config is None:
-            raise ValueError(
-                message(
-                    "TPUEstimator needs `config`.",
-                    "config=None",
-                    "Pass config=tpu_estimator.RunConfig(model_dir=..., tpu_config=TPUConfig(...)).",
-                )
-            )
-        if not isinstance(config, RunConfig):
-            raise TypeError(
-                message("`config` must be a tpu_estimator.RunConfig.", f"config={type(config).__name__}")
-            )
-        params = {} if params is None else params
-        if not isinstance(params, dict):
-            raise TypeError(message("`params` must be a dict or None.", f"params={type(params).__name__}"))
-        reserved = [k for k in _RESERVED_PARAMS if k in params]
-        if reserved:
-            raise ValueError(
-                message(
-                    f"`params` must not contain the reserved keys {list(_RESERVED_PARAMS)}; "
-                    "TPUEstimator sets params['batch_size'] itself.",
-                    f"params keys {reserved}",
-                    "Pass batch sizes as train_batch_size/eval_batch_size/predict_batch_size.",
-                )
-            )
-        for name, value in (
-            ("train_batch_size", train_batch_size),
-            ("eval_batch_size", eval_batch_size),
-            ("predict_batch_size", predict_batch_size),
-        ):
-            if value is not None and (not is_int(value) or value <= 0):
-                raise ValueError(message(f"`{name}` must be a positive int.", f"{name}={value!r}"))
-        if use_tpu and train_batch_size is None:
-            raise ValueError(
-                message(
-                    "`train_batch_size` cannot be None when use_tpu is True.",
-                    "train_batch_size=None",
-                    "Pass the global training batch size, e.g. train_batch_size=256.",
-                )
-            )
-        if export_saved_model_api_version not in (1, 2):
-            raise ValueError(
-                message(
-                    "`export_saved_model_api_version` must be 1 or 2.",
-                    f"export_saved_model_api_version={export_saved_model_api_version!r}",
-                )
-            )
-        if embedding_config_spec is not None:
-            raise ValueError(
-                message(
-                    "TPU embeddings (`embedding_config_spec`) are not supported.",
-                    f"embedding_config_spec={type(embedding_config_spec).__name__}",
-                    "Use flax.linen.Embed layers inside model_fn instead.",
-                )
-            )
+        config = arguments.check_config(config)
+        params = arguments.check_params(params)
+        arguments.check_batch_sizes(
+            use_tpu,
+            train_batch_size=train_batch_size,
+            eval_batch_size=eval_batch_size,
+            predict_batch_size=predict_batch_size,
+        )
+        arguments.check_export_options(export_saved_model_api_version, embedding_config_spec)
         self._model_fn_args = check_model_fn(model_fn)
-        config = config.replace(model_dir=_agree_model_dir(model_dir, config.model_dir))
+        config = config.replace(model_dir=arguments.agree_model_dir(model_dir, config.model_dir))
         self._model_fn = model_fn
         self._config = config
         self._params = dict(params)
@@ -536,12 +488,7 @@ class TPUEstimator:
                     "Call train() first.",
                 )
             )
-        raw = self._checkpointer().restore_raw(step)
-        out = {"global_step": np.asarray(raw["step"])}
-        out.update(_flatten(raw["params"]))
-        for coll, tree in (raw.get("collections") or {}).items():
-            out.update(_flatten(tree, coll))
-        return out
+        return saved_variables(self._checkpointer(), step)
 
 
 class Estimator(TPUEstimator):
@@ -568,28 +515,3 @@ class Estimator(TPUEstimator):
             eval_on_tpu=False,
             warm_start_from=warm_start_from,
         )
-
-
-def _agree_model_dir(arg: str | None, from_config: str | None) -> str:
-    if arg is not None and from_config is not None:
-        if os.path.abspath(os.fspath(arg)) != os.path.abspath(from_config):
-            raise ValueError(
-                message(
-                    "`model_dir` given to the estimator and in `config` must be the same.",
-                    f"model_dir={arg!r}, config.model_dir={from_config!r}",
-                    "Pass it in one place only.",
-                )
-            )
-    chosen = arg if arg is not None else from_config
-    if chosen is None:
-        chosen = tempfile.mkdtemp(prefix="tpu_estimator_")
-        log.warning("Using temporary folder as model directory: %s", chosen)
-    return os.path.abspath(os.fspath(chosen))
-
-
-def _flatten(tree: Any, prefix: str | None = None) -> dict[str, Any]:
-    out = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        keys = [str(getattr(p, "key", getattr(p, "idx", p))) for p in path]
-        out["/".join(([prefix] if prefix else []) + keys)] = leaf
-    return out

@@ -24,7 +24,7 @@ from tpu_estimator.estimator import hook_runner, progress
 from tpu_estimator.estimator.runtime import Runtime
 from tpu_estimator.estimator.schedule import LoopSchedule
 from tpu_estimator.feeding.device import batch_specs, to_device
-from tpu_estimator.feeding.host_batches import HostBatch, HostBatches
+from tpu_estimator.feeding.host_batches import HostBatch
 from tpu_estimator.feeding.input_state import get_input_state
 from tpu_estimator.feeding.prefetch import Prefetch
 from tpu_estimator.hooks.nan_tensor import handles_non_finite_loss

@@ -28,7 +28,7 @@ def accepted_args(fn: Callable[..., Any], allowed: tuple[str, ...], what: str) -
                 message(
                     f"`{what}` may only take the arguments {', '.join(allowed)}.",
                     f"{what} has an argument named {p.name!r}",
-                    f"Rename it, give it a default, or bind it with functools.partial.",
+                    "Rename it, give it a default, or bind it with functools.partial.",
                 )
             )
     return frozenset(names)

@@ -12,7 +12,6 @@ import contextlib
 import contextvars
 from typing import Any, Iterator
 
-import jax
 import jax.numpy as jnp
 
 from tpu_estimator.api._checks import message
