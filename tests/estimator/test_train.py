@@ -201,3 +201,31 @@ def test_a_loop_bigger_than_the_chunk_bound_is_fed_in_chunks(tmp_path, data, mon
     np.testing.assert_allclose(
         chunked.get_variable_value("Dense_1/kernel"), whole.get_variable_value("Dense_1/kernel"), rtol=1e-6
     )
+
+
+def test_batch_axis_places_the_batch_dimension_of_each_input(tmp_path, data):
+    import flax.linen as nn
+    import optax
+
+    seen = []
+
+    def model_fn(features, labels, mode, params):
+        seen.append(features["x"].shape)
+        logits = nn.Dense(3)(features["x"].T)  # features arrive as [N_FEATURES, batch]
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+        return te.TPUEstimatorSpec(mode, loss=loss, train_op=optax.sgd(0.1))
+
+    def batch_major(features, labels, mode, params):
+        return model_fn({"x": features["x"].T}, labels, mode, params)
+
+    x, y = data
+    inp = batches_fn(x[:64], y[:64])
+
+    def transposed(params):
+        for feats, labels in inp(params):
+            yield {"x": feats["x"].T}, labels
+
+    a = estimator(tmp_path / "a", model_fn=model_fn, batch_axis=(1, 0)).train(transposed, steps=4)
+    assert seen[-1] == (8, 2)  # per replica: 16 examples over 8 replicas, on axis 1
+    b = estimator(tmp_path / "b", model_fn=batch_major).train(inp, steps=4)
+    np.testing.assert_allclose(a.get_variable_value("Dense_0/kernel"), b.get_variable_value("Dense_0/kernel"), rtol=1e-6)

@@ -44,6 +44,7 @@ class Runtime:
         self.spec: SpecView | None = None  # the latest traced spec (hooks, host_call_fn, ...)
         self._programs: dict[str, Callable[..., Any]] = {}
         self.input_specs: Any = None  # input_partition_dims as PartitionSpecs (set by load_state)
+        self.batch_axes: Any = None  # each input's batch axis (set by load_state)
 
     def view(self, spec: Any) -> SpecView:
         """Checks what model_fn returned and remembers its host-side parts."""
@@ -85,7 +86,7 @@ class Runtime:
         init = self._programs.get("init")
         state = getattr(init, "state_shardings", None)
         specs = None if state is None else jax.tree.map(lambda s: s.spec, state)
-        return Placement(outputs, inputs=self.input_specs, state=specs)
+        return Placement(outputs, inputs=self.input_specs, state=specs, batch_axes=self.batch_axes)
 
     def _state_shardings(self, abstract: Any, metadata: Any) -> Any:
         tpu = self.est.config.tpu_config
@@ -108,6 +109,8 @@ class Runtime:
     def load_state(self, batch: HostBatch, axes: Any, step: int | None) -> TrainState:
         """The state at checkpoint `step` of model_dir, or a fresh initialisation (step None)."""
         sample = self.replica_sample(batch, axes)
+        if self.batch_axes is None:
+            self.batch_axes = axes
         dims = self.est.config.tpu_config.input_partition_dims
         if dims is not None and self.est._use_tpu and self.input_specs is None:
             self.input_specs = partitioning.input_specs(dims, sample, axes, self.est._topology)

@@ -35,15 +35,24 @@ class Placement:
       inputs: per-replica PartitionSpecs of (features, labels) leaves over the
         model axes (input_partition_dims), or None.
       state: PartitionSpecs of the TrainState (None: replicated).
+      batch_axes: the batch axis of each (features, labels) leaf (`batch_axis`);
+        None: axis 0 everywhere.
     """
 
     outputs: str = "concat"
     inputs: Any = None
     state: Any = None
+    batch_axes: Any = None
 
-    def in_spec(self, leading: int = 0) -> P:
-        """The batch's spec: split over "data", or whole on every replica (BROADCAST)."""
-        return P() if self.outputs == "first" else P(*([None] * leading), DATA)
+    def in_spec(self, leading: int = 0, part: int | None = None) -> Any:
+        """The batch's spec(s): split over "data" on each leaf's batch axis, or whole on every
+        replica (BROADCAST). `part` 0 selects the features' specs (predict takes no labels)."""
+        if self.outputs == "first":
+            return P()
+        if self.batch_axes is None:
+            return P(*([None] * leading), DATA)
+        axes = self.batch_axes if part is None else self.batch_axes[part]
+        return jax.tree.map(lambda a: P(*([None] * (leading + a)), DATA), axes)
 
     def out_spec(self, leading: int = 0) -> P:
         return P(*([None] * leading), DATA) if self.outputs == "concat" else P()

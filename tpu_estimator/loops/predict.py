@@ -32,7 +32,7 @@ def predict_program(
     sharded = over_replicas(
         run,
         topology,
-        in_specs=(REPLICATED, REPLICATED, REPLICATED, placement.in_spec()),
+        in_specs=(REPLICATED, REPLICATED, REPLICATED, placement.in_spec(part=0)),
         out_specs=placement.out_spec(),
     )
     return jax.jit(sharded)
