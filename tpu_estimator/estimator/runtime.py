@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import jax
 import numpy as np
 
+from tpu_estimator.api._checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
+from tpu_estimator.checkpoint.variables import flatten, variable_name
 from tpu_estimator.checkpoint.warm_start import apply_warm_start
 from tpu_estimator.feeding.host_batches import HostBatch
 from tpu_estimator.loops import evaluate as eval_loops
@@ -124,14 +126,40 @@ class Runtime:
         if train:
             return ckpt.restore(step, abstract)
         raw = ckpt.restore_raw(step)
+        variables = self._select_variables(
+            {"params": abstract.params, **abstract.collections},
+            {"params": raw["params"], **dict(raw.get("collections") or {})},
+        )
         state = TrainState(
-            params=raw["params"],
-            collections=dict(raw.get("collections") or {}),
+            params=variables.pop("params"),
+            collections=variables,
             opt_state=None,
             step=np.asarray(raw["step"], np.int32),
             rng=np.asarray(raw["rng"], np.uint32),
         )
         return jax.device_put(state, init.state_shardings)
+
+    def _select_variables(self, needed: Any, saved: Any) -> dict[str, Any]:
+        """The saved variables this mode's model_fn builds (a train-only head may be left out).
+
+        Raises:
+          ValueError: a needed variable is missing from the checkpoint or has another shape.
+        """
+        have = flatten(saved)
+        need = flatten(needed)
+        missing = sorted(n for n in need if n not in have)
+        reshaped = sorted(n for n in need if n in have and np.shape(have[n]) != tuple(need[n].shape))
+        if missing or reshaped:
+            raise ValueError(
+                message(
+                    f"model_fn in mode {self.mode!r} builds variables that the checkpoint does not "
+                    "have, or has with other shapes.",
+                    f"missing {missing}, other shape {reshaped}; the checkpoint has {sorted(have)}",
+                    "Layers created only in some modes shift the automatic names of later layers: "
+                    "pass name='...' to such layers (and to the ones after them).",
+                )
+            )
+        return dict(jax.tree_util.tree_map_with_path(lambda p, _: have[variable_name(p)], needed))
 
     def _after_init(self, state: TrainState) -> TrainState:
         """Applies `warm_start_from`, then the spec's Scaffold.init_fn (once, on the host), to

@@ -100,7 +100,9 @@ class BoundModel:
                     f"model_fn in mode {self.mode!r} built a variable with another shape than "
                     "the one restored.",
                     str(e).split("\n")[0],
-                    "Use the same layer sizes in every mode, or a new model_dir.",
+                    "Use the same layer sizes in every mode (or a new model_dir). Layers created "
+                    "only in some modes shift the automatic names of later layers: pass "
+                    "name='...' to such layers (and to the ones after them).",
                 )
             ) from e
         if mutable:
