@@ -170,6 +170,7 @@ class _Loop:
         self.ckpt_secs = cfg.save_checkpoints_secs
         self.examples_per_step = runtime.layout.global_batch_size or 0
         self.saved_step: int | None = None
+        self._in_flight = 0  # programs dispatched since the host last waited
         self.summaries = TrainSummaries(est.model_dir, cfg.save_summary_steps, self.examples_per_step)
 
     def run(self, state: Any, feed: Iterator[Chunk], first_input_state: Any) -> None:
@@ -240,6 +241,7 @@ class _Loop:
         """Runs the chunks of one loop; (state, losses, host_call outputs, summaries, steps,
         input state)."""
         outs, n = [], 0
+        self._in_flight = 0
         for chunk in feed:
             data = chunk.data
             if isinstance(data, list) and len(data) > 1 and self.strategy.current == "scan":
@@ -249,6 +251,7 @@ class _Loop:
             else:
                 state, out = self.runtime.program("scan")(state, data)
                 outs.append((False, out))
+                state = self._bound_in_flight(state)
             n += chunk.steps
             input_state = chunk.input_state
             if chunk.end_of_loop:
@@ -273,11 +276,19 @@ class _Loop:
             if timing and i == 0:
                 jax.block_until_ready(state)  # the first step compiled; time the rest
                 t0 = time.perf_counter()
-            elif (i + 1) % MAX_IN_FLIGHT == 0:
-                jax.block_until_ready(state)
+            else:
+                state = self._bound_in_flight(state)
         if timing:
             jax.block_until_ready(state)
             self.strategy.observe(len(batches) - 1, time.perf_counter() - t0)
+        return state
+
+    def _bound_in_flight(self, state: Any) -> Any:
+        """Waits for the device after every MAX_IN_FLIGHT programs dispatched in this loop."""
+        self._in_flight += 1
+        if self._in_flight >= MAX_IN_FLIGHT:
+            jax.block_until_ready(state)
+            self._in_flight = 0
         return state
 
     def _host_calls(self, outputs: Any, first_step: int) -> None:
