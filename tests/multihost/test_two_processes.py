@@ -68,14 +68,19 @@ def test_two_processes_match_one_and_share_checkpoints(tmp_path):
         np.testing.assert_allclose(one_from_two[k], two_from_one[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
-def test_broadcast_input_from_host_zero_matches_one_host(tmp_path, monkeypatch):
-    # BROADCAST: input_fn runs on host 0 only; host 1 receives its batches.
-    monkeypatch.setenv("WORKER_INPUT_MODE", "BROADCAST")
+@pytest.mark.parametrize(
+    "variable, mode",
+    [("WORKER_INPUT_MODE", "BROADCAST"), ("WORKER_EVAL_MODE", "SLICED")],
+)
+def test_input_from_host_zero_matches_one_host(tmp_path, monkeypatch, variable, mode):
+    # BROADCAST (train, eval, predict) / SLICED (eval, predict): input_fn runs on host 0
+    # only; host 1 receives its batches.
+    monkeypatch.setenv(variable, mode)
     two = run(2, tmp_path / "a", 4, tmp_path / "two.npz")
-    monkeypatch.setenv("WORKER_INPUT_MODE", "PER_HOST_V1")
+    monkeypatch.delenv(variable)
     one = run(1, tmp_path / "b", 4, tmp_path / "one.npz")
-    for k in set(one) - {"procs"}:  # every replica saw the whole global batch: same mean gradient
+    for k in set(one) - {"procs"}:  # BROADCAST: every replica saw the whole batch, same mean gradient
         np.testing.assert_allclose(two[k], one[k], rtol=1e-5, atol=1e-6, err_msg=k)
     expected = np.load(f"{tmp_path / 'one.npz'}.predict0.npy")
-    for i in range(2):  # each host yields the predictions of the broadcast input
+    for i in range(2):  # each host yields the predictions of host 0's input
         np.testing.assert_allclose(np.load(f"{tmp_path / 'two.npz'}.predict{i}.npy"), expected, rtol=1e-5, atol=1e-6)

@@ -61,6 +61,9 @@ cfg = te.RunConfig(
     tpu_config=te.TPUConfig(
         iterations_per_loop=2, loop_strategy="scan",
         per_host_input_for_training=te.InputPipelineConfig[os.environ.get("WORKER_INPUT_MODE", "PER_HOST_V1")],
+        eval_training_input_configuration=te.InputPipelineConfig[
+            os.environ.get("WORKER_EVAL_MODE", "PER_HOST_V1")
+        ],
     ),
 )
 est = te.TPUEstimator(model_fn, config=cfg, train_batch_size=16, eval_batch_size=16, predict_batch_size=16)
