@@ -7,7 +7,7 @@ import os
 import pytest
 
 import tpu_estimator as te
-from tests.estimator.conftest import batches_fn, estimator, mlp_model_fn
+from tests.estimator.models import batches_fn, estimator, mlp_model_fn
 
 CFG = te.RunConfig(log_step_count_steps=None)
 

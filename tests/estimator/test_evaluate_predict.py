@@ -9,7 +9,7 @@ import pytest
 
 import tpu_estimator as te
 from tpu_estimator import metrics
-from tests.estimator.conftest import N_CLASSES, batches_fn, estimator
+from tests.estimator.models import N_CLASSES, batches_fn, estimator
 
 
 @pytest.fixture(scope="module")

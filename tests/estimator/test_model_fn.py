@@ -7,7 +7,7 @@ import optax
 import pytest
 
 import tpu_estimator as te
-from tests.estimator.conftest import batches_fn, estimator
+from tests.estimator.models import batches_fn, estimator
 
 
 def test_model_fn_and_input_fn_get_the_arguments_they_name(tmp_path, data):

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 
 import tpu_estimator as te
-from tests.estimator.conftest import N_CLASSES, estimator
+from tests.estimator.models import N_CLASSES, estimator
 
 
 def _model_fn(features, labels, mode, params):

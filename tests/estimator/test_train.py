@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tpu_estimator as te
-from tests.estimator.conftest import batches_fn, cache_sizes, estimator
+from tests.estimator.models import batches_fn, cache_sizes, estimator
 
 
 class StepRecorder(te.SessionRunHook):

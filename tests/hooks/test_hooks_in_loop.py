@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import SPEC_HOOKS, input_fn
+from tests.hooks.hook_model import SPEC_HOOKS, input_fn
 
 import tpu_estimator as te
 from tpu_estimator import hooks as H

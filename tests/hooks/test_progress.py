@@ -6,7 +6,7 @@ import io
 import itertools
 
 import pytest
-from conftest import input_fn
+from tests.hooks.hook_model import input_fn
 from rich.console import Console
 
 import tpu_estimator as te

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import export_test_model as tm
-from conftest import MODEL
+from tests.serving.conftest import MODEL
 from tpu_estimator.serving.model_store import ModelStore
 from tpu_estimator.serving.server import ServerThread
 
