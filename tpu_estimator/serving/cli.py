@@ -52,7 +52,16 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    import uvicorn
+    try:
+        import uvicorn
+        import starlette  # noqa: F401
+    except ImportError as e:
+        print(
+            f"tpu-estimator serve needs the serving extras ({e.name} is missing): "
+            "pip install 'tpu_estimator[serve]'",
+            file=sys.stderr,
+        )
+        return 2
 
     from tpu_estimator.serving.app import create_app
     from tpu_estimator.serving.model_store import ModelStore
