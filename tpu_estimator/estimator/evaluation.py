@@ -8,7 +8,6 @@ metric count each real example once.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -19,8 +18,7 @@ from tpu_estimator.api._checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.estimator import hook_runner, progress
 from tpu_estimator.feeding.device import batch_specs, to_device
-from tpu_estimator.feeding.lockstep import empty_like, in_lockstep, real_rows
-from tpu_estimator.feeding.prefetch import Prefetch
+from tpu_estimator.feeding.lockstep import lockstep_feed, real_rows
 from tpu_estimator.hooks.session_run_hook import RunContext
 from tpu_estimator.metrics import Metric, merge_stacked
 from tpu_estimator.summary.eval_results import record_eval
@@ -57,25 +55,13 @@ def evaluate(
     specs = batch_specs(batches.axes)
     topo = est._topology
 
-    def device_batches() -> Any:
-        for i, b in enumerate(itertools.chain([first], batches)):
-            if steps is not None and i >= steps:
-                return
-            yield b, to_device(b.tree, specs, topo)
-
     acc = _Accumulator(runtime)
     hook_runner.call_all(all_hooks, "begin")
     hook_runner.call_all(all_hooks, "after_create_session", est, None)
     global_step = int(jax.device_get(state.step))
     variables = state.variables
-    feed = Prefetch(device_batches())
-
-    def empty() -> Any:
-        pad = empty_like(first)
-        return pad, to_device(pad.tree, specs, topo)
-
-    try:
-        for host, device, counts in in_lockstep(feed, empty):
+    with lockstep_feed(first, batches, lambda b: to_device(b.tree, specs, topo), steps=steps) as feed:
+        for host, device, counts in feed:
             ctx = RunContext(session=est)
             requests = [h.before_run(ctx) for h in all_hooks]
             padded = bool((counts < host.size).any())
@@ -86,8 +72,6 @@ def evaluate(
             hook_runner.after_run(all_hooks, ctx, requests, values, global_step)
             if ctx.stop_requested:
                 break
-    finally:
-        feed.close()
     results = acc.results()
     results["global_step"] = global_step
     hook_runner.call_all(all_hooks, "end", est)

@@ -6,6 +6,7 @@ and keeps the newest `exports_to_keep` of them.
 
 from __future__ import annotations
 
+import abc
 import os
 import shutil
 from typing import Any, Callable
@@ -20,7 +21,7 @@ def _loss_smaller(best_eval_result: dict[str, Any], current_eval_result: dict[st
     return current_eval_result["loss"] < best_eval_result["loss"]
 
 
-class Exporter:
+class Exporter(abc.ABC):
     """Base class: `export(estimator, export_path, checkpoint_path, eval_result, is_the_final_export)`
     returns the export directory, or None when it exports nothing this time."""
 
@@ -54,9 +55,10 @@ class Exporter:
                 shutil.rmtree(os.path.join(export_path, old), ignore_errors=True)
         return path
 
+    @abc.abstractmethod
     def export(self, estimator: Any, export_path: str, checkpoint_path: str | None,
                eval_result: dict[str, Any], is_the_final_export: bool) -> str | None:
-        raise NotImplementedError
+        """Exports (or not) after an evaluation; returns the export path or None."""
 
 
 class LatestExporter(Exporter):

@@ -7,7 +7,6 @@ Closing or abandoning the generator stops the input thread.
 
 from __future__ import annotations
 
-import itertools
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import jax
@@ -17,8 +16,7 @@ from tpu_estimator.api._checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.estimator import hook_runner, progress
 from tpu_estimator.feeding.device import batch_specs, to_device
-from tpu_estimator.feeding.lockstep import empty_like, in_lockstep
-from tpu_estimator.feeding.prefetch import Prefetch
+from tpu_estimator.feeding.lockstep import lockstep_feed
 from tpu_estimator.hooks.session_run_hook import RunContext
 
 if TYPE_CHECKING:
@@ -57,20 +55,10 @@ def _generate(est, input_fn, predict_keys, hooks, checkpoint_path, single) -> It
     variables = state.variables
     global_step = int(jax.device_get(state.step))
 
-    def device_batches() -> Iterator[Any]:
-        for b in itertools.chain([first], batches):
-            yield b, to_device(b.features, specs, topo)
-
     hook_runner.call_all(all_hooks, "begin")
     hook_runner.call_all(all_hooks, "after_create_session", est, None)
-    feed = Prefetch(device_batches())
-
-    def empty() -> Any:
-        pad = empty_like(first)
-        return pad, to_device(pad.features, specs, topo)
-
-    try:
-        for host, device, _ in in_lockstep(feed, empty):
+    with lockstep_feed(first, batches, lambda b: to_device(b.features, specs, topo)) as feed:
+        for host, device, _ in feed:
             ctx = RunContext(session=est)
             requests = [h.before_run(ctx) for h in all_hooks]
             out = runtime.program("predict")(variables, state.step, state.rng, device)
@@ -87,8 +75,6 @@ def _generate(est, input_fn, predict_keys, hooks, checkpoint_path, single) -> It
             if ctx.stop_requested:
                 break
         hook_runner.call_all(all_hooks, "end", est)
-    finally:
-        feed.close()
 
 
 def _select(preds: Any, keys: list[str] | None) -> Any:

@@ -9,17 +9,53 @@ there is nothing to agree on.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+import contextlib
+import itertools
+from typing import Any, Callable, Iterable, Iterator
 
 import jax
 import numpy as np
 
 from tpu_estimator.feeding.host_batches import HostBatch
+from tpu_estimator.feeding.prefetch import Prefetch
+
+Step = tuple[HostBatch, Any, np.ndarray]
+
+
+@contextlib.contextmanager
+def lockstep_feed(
+    first: HostBatch,
+    rest: Iterable[HostBatch],
+    place: Callable[[HostBatch], Any],
+    *,
+    steps: int | None = None,
+) -> Iterator[Iterator[Step]]:
+    """The steps of an evaluation or prediction: prefetched, placed by `place`, in lockstep.
+
+    Yields an iterator of (host batch, device batch, every host's real count);
+    leaving the block stops the prefetch thread.
+    """
+
+    def placed() -> Iterator[tuple[HostBatch, Any]]:
+        for i, batch in enumerate(itertools.chain([first], rest)):
+            if steps is not None and i >= steps:
+                return
+            yield batch, place(batch)
+
+    def empty() -> tuple[HostBatch, Any]:
+        pad = empty_like(first)
+        return pad, place(pad)
+
+    feed = Prefetch(placed())
+    try:
+        yield in_lockstep(feed, empty)
+    finally:
+        feed.close()
 
 
 def in_lockstep(
     pairs: Iterator[tuple[HostBatch, Any]], empty: Callable[[], tuple[HostBatch, Any]]
-) -> Iterator[tuple[HostBatch, Any, np.ndarray]]:
+) -> Iterator[Step]:
     """Yields (host batch, device batch, real examples of every host, in host order)."""
     if jax.process_count() == 1:
         for host, device in pairs:
