@@ -206,7 +206,7 @@ class _Loop:
                         f"Model diverged with loss = {losses[~np.isfinite(losses)][0]} at global "
                         f"step {bad}. The last checkpoint (step {self.ckpt.latest_step()}) is kept."
                     )
-                self._host_calls(host_outputs, step - n)
+                self._host_calls(host_outputs)
                 self.summaries.after_loop(step - n, losses, summaries, state)
                 values = hook_values(losses, summaries, step, state)
                 hook_runner.after_run(self.hooks, ctx, requests, values, step)
@@ -291,7 +291,7 @@ class _Loop:
             self._in_flight = 0
         return state
 
-    def _host_calls(self, outputs: Any, first_step: int) -> None:
+    def _host_calls(self, outputs: Any) -> None:
         spec = self.runtime.spec
         if spec is None or spec.host_call_fn is None or outputs is None:
             return

@@ -120,7 +120,6 @@ class HostBatches:
         pulls: int = 1,
     ) -> None:
         self._it = iter(iterable)
-        self.source = iterable
         self._batch_size = batch_size
         self._batch_axis = batch_axis
         self._pad_final = pad_final

@@ -109,6 +109,4 @@ def over_replicas(
     )
 
 
-BATCH = P(DATA)
-STACKED_BATCH = P(None, DATA)
 REPLICATED = P()

@@ -92,9 +92,3 @@ class Topology:
     def replicated(self) -> NamedSharding:
         """Sharding of values every device holds whole (parameters, scalars)."""
         return NamedSharding(self.mesh, P())
-
-    def batch_sharded(self, ndim: int, batch_axis: int = 0, leading: int = 0) -> NamedSharding:
-        """Sharding of an array whose `batch_axis` (after `leading` stacked axes) splits on "data"."""
-        spec = [None] * ndim
-        spec[leading + batch_axis] = DATA
-        return NamedSharding(self.mesh, P(*spec))
