@@ -63,8 +63,10 @@ class Checkpointer:
         self._manager.reload()
         return self._manager.latest_step()
 
-    def all_steps(self) -> list[int]:
-        self._manager.reload()
+    def all_steps(self, *, reload: bool = True) -> list[int]:
+        """The saved steps; `reload=False` trusts the last directory scan (plus own saves)."""
+        if reload:
+            self._manager.reload()
         return list(self._manager.all_steps())
 
     def path(self, step: int) -> str:

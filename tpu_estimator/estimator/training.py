@@ -8,6 +8,7 @@ boundaries.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import logging
@@ -39,9 +40,19 @@ log = logging.getLogger("tpu_estimator")
 
 # Most bytes of stacked input one program receives; a longer loop is fed in chunks.
 MAX_CHUNK_BYTES = 256 << 20
-# Most single-step programs in flight before the host waits (XLA:CPU collectives
-# deadlock with ~50 in flight; see DESIGN.md).
+# Most programs queued on the devices; beyond it the host waits for the oldest (XLA:CPU
+# collectives deadlock with ~50 in flight; see DESIGN.md).
 MAX_IN_FLIGHT = 16
+# Most batches in one chunk fed to per-step dispatch (each chunk is one hand-off between threads).
+STEP_CHUNK = 16
+
+
+def _bound(in_flight: collections.deque, done_marker: jax.Array) -> None:
+    """Keeps at most MAX_IN_FLIGHT programs queued: waits for the oldest beyond that (a
+    rolling window, so the device never runs dry waiting for the host)."""
+    in_flight.append(done_marker)
+    if len(in_flight) > MAX_IN_FLIGHT:
+        in_flight.popleft().block_until_ready()
 
 
 class NanLossDuringTrainingError(RuntimeError):
@@ -84,23 +95,37 @@ def chunks(
     strategy: LoopStrategy,
     iterator: Any,
 ) -> Iterator[Chunk]:
-    """Runs on the feeder thread: groups host batches into loops, moves them to the devices."""
+    """Runs on the feeder thread: groups host batches into loops, moves them to the devices.
+
+    "scan" loops come stacked, in chunks of at most MAX_CHUNK_BYTES. "step" loops
+    come as lists of batches growing 1, 2, 4, ... STEP_CHUNK: the first step
+    starts as soon as one batch is placed, with few hand-offs between threads.
+    While "auto" is still measuring, a loop comes as lists of scan-chunk size,
+    so the host loop can stack them if the decision turns out "scan".
+    """
     topo = runtime.est._topology
+    step_chunk = 1
     while (size := schedule.next_size()) is not None:
+        # Decided per loop: a loop is never split between chunk kinds (scan lengths stay few).
+        kind = "measure" if strategy.measuring else strategy.current
+        stacked = kind == "scan"
         done = 0
         while done < size:
             first = next(batches, None)
             if first is None:
                 return
-            per_batch = sum(x.nbytes for x in jax.tree.leaves(first.tree))
-            limit = min(size - done, max(1, MAX_CHUNK_BYTES // max(per_batch, 1)))
+            if kind == "step":
+                limit, step_chunk = min(size - done, step_chunk), min(2 * step_chunk, STEP_CHUNK)
+            else:
+                per_batch = sum(x.nbytes for x in jax.tree.leaves(first.tree))
+                limit = min(size - done, max(1, MAX_CHUNK_BYTES // max(per_batch, 1)))
             group = [first, *itertools.islice(batches, limit - 1)]
             done += len(group)
             state = get_input_state(iterator)
             last = done >= size or len(group) < limit
-            if strategy.current == "scan":
-                stacked = jax.tree.map(lambda *xs: np.stack(xs), *[b.tree for b in group])
-                data = to_device(stacked, specs["stacked"], topo)
+            if stacked:
+                block = jax.tree.map(lambda *xs: np.stack(xs), *[b.tree for b in group])
+                data = to_device(block, specs["stacked"], topo)
             else:
                 data = [to_device(b.tree, specs["single"], topo) for b in group]
             yield Chunk(data, len(group), last, state)
@@ -170,7 +195,6 @@ class _Loop:
         self.ckpt_secs = cfg.save_checkpoints_secs
         self.examples_per_step = runtime.layout.global_batch_size or 0
         self.saved_step: int | None = None
-        self._in_flight = 0  # programs dispatched since the host last waited
         self.summaries = TrainSummaries(est.model_dir, cfg.save_summary_steps, self.examples_per_step)
 
     def run(self, state: Any, feed: Iterator[Chunk], first_input_state: Any) -> None:
@@ -179,7 +203,7 @@ class _Loop:
         for lis in self.listeners:
             lis.begin()
         input_state = first_input_state
-        if step in self.ckpt.all_steps():
+        if step in self.ckpt.all_steps(reload=False):  # train() just scanned the directory
             self.saved_step = step
         self._save(state, step, input_state)
         self.est._remember_state(state)  # hooks may read the start step in after_create_session
@@ -241,23 +265,34 @@ class _Loop:
         """Runs the chunks of one loop; (state, losses, host_call outputs, summaries, steps,
         input state)."""
         outs, n = [], 0
-        self._in_flight = 0
+        in_flight: collections.deque = collections.deque()
+        timing = self.strategy.measuring  # times this loop's steps after the first (compiling) one
+        t0 = None
         for chunk in feed:
             data = chunk.data
             if isinstance(data, list) and len(data) > 1 and self.strategy.current == "scan":
                 data = jax.tree.map(lambda *xs: jnp.stack(xs), *data)  # fed before "auto" decided
-            if isinstance(data, list):
-                state = self._run_steps(state, data, outs)
+            if isinstance(data, list):  # one program per step
+                for batch in data:
+                    state, out = self.runtime.program("step")(state, batch)
+                    outs.append((True, out))
+                    if timing and t0 is None:
+                        jax.block_until_ready(state)
+                        t0 = time.perf_counter()
+                    _bound(in_flight, out["loss"])
             else:
                 state, out = self.runtime.program("scan")(state, data)
                 outs.append((False, out))
-                state = self._bound_in_flight(state)
+                _bound(in_flight, out["loss"])
             n += chunk.steps
             input_state = chunk.input_state
             if chunk.end_of_loop:
                 break
         if n == 0:
             return state, np.zeros(0), None, None, 0, input_state
+        if timing and t0 is not None:
+            jax.block_until_ready(state)
+            self.strategy.observe(n - 1, time.perf_counter() - t0)
         # Per-step outputs get a leading step axis (on the host: no extra device work).
         outs = [
             jax.tree.map(lambda x: np.asarray(x)[None], o) if single else o
@@ -265,31 +300,6 @@ class _Loop:
         ]
         joined = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *outs)
         return state, joined["loss"], joined["host_call"], joined["summaries"], n, input_state
-
-    def _run_steps(self, state, batches, outs):
-        """Dispatches one program per step, bounding the programs in flight."""
-        prog = self.runtime.program("step")
-        timing = self.strategy.measuring and len(batches) > 1
-        for i, batch in enumerate(batches):
-            state, out = prog(state, batch)
-            outs.append((True, out))
-            if timing and i == 0:
-                jax.block_until_ready(state)  # the first step compiled; time the rest
-                t0 = time.perf_counter()
-            else:
-                state = self._bound_in_flight(state)
-        if timing:
-            jax.block_until_ready(state)
-            self.strategy.observe(len(batches) - 1, time.perf_counter() - t0)
-        return state
-
-    def _bound_in_flight(self, state: Any) -> Any:
-        """Waits for the device after every MAX_IN_FLIGHT programs dispatched in this loop."""
-        self._in_flight += 1
-        if self._in_flight >= MAX_IN_FLIGHT:
-            jax.block_until_ready(state)
-            self._in_flight = 0
-        return state
 
     def _host_calls(self, outputs: Any) -> None:
         spec = self.runtime.spec

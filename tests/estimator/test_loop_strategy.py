@@ -1,0 +1,78 @@
+"""Loop strategies: "scan", "step" and "auto" train alike; how "step" loops are fed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tpu_estimator as te
+from tests.estimator.models import batches_fn, cache_sizes, estimator
+from tests.estimator.test_train import StepRecorder
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data):
+    """24 steps in loops of 4 with each strategy: (estimator, hook steps) by strategy."""
+    x, y = data
+    out = {}
+    for strategy in ("scan", "step", "auto"):
+        hook = StepRecorder()
+        tpu = te.TPUConfig(iterations_per_loop=4, loop_strategy=strategy)
+        est = estimator(tmp_path_factory.mktemp(strategy), tpu_config=tpu)
+        out[strategy] = (est.train(batches_fn(x, y), steps=24, hooks=[hook]), hook.steps)
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["step", "auto"])
+def test_every_strategy_trains_like_scan(trained, strategy):
+    scan, scan_steps = trained["scan"]
+    est, steps = trained[strategy]
+    assert steps == scan_steps == [4, 8, 12, 16, 20, 24]
+    for name in scan.get_variable_names():
+        np.testing.assert_allclose(
+            est.get_variable_value(name), scan.get_variable_value(name), rtol=1e-5, atol=1e-6
+        )
+
+
+def test_step_strategy_never_builds_the_scan_program(trained):
+    est, _ = trained["step"]
+    kinds = {kind for (_, kind) in cache_sizes(est)}
+    assert "step" in kinds and "scan" not in kinds
+
+
+def test_auto_measures_one_loop_then_scans_without_odd_lengths(tmp_path, data, trained, monkeypatch):
+    from tpu_estimator.loops import strategy
+
+    monkeypatch.setattr(strategy, "DISPATCH_BOUND_SECS", 60.0)  # every step counts as short: scan
+    x, y = data
+    tpu = te.TPUConfig(iterations_per_loop=4, loop_strategy="auto")
+    est = estimator(tmp_path, tpu_config=tpu).train(batches_fn(x, y), steps=24)
+    assert est._loop_strategy.current == "scan"
+    sizes = {kind: n for (_, kind), n in cache_sizes(est).items()}
+    # Loops fed ahead while measuring come whole and are stacked once "scan" is decided:
+    # scan only ever ran whole loops of 4, one executable.
+    assert sizes == {"init": 1, "step": 1, "scan": 1}
+    scan, _ = trained["scan"]
+    np.testing.assert_allclose(
+        est.get_variable_value("Dense_0/kernel"), scan.get_variable_value("Dense_0/kernel"), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_step_loops_are_fed_in_growing_chunks_so_the_first_step_starts_at_once(tmp_path, data, monkeypatch):
+    from tpu_estimator.estimator import training
+
+    x, y = data
+    seen = []
+    real_chunks = training.chunks
+
+    def recording(*args, **kwargs):
+        for chunk in real_chunks(*args, **kwargs):
+            seen.append((len(chunk.data), chunk.end_of_loop))
+            yield chunk
+
+    monkeypatch.setattr(training, "chunks", recording)
+    monkeypatch.setattr(training, "STEP_CHUNK", 4)
+    tpu = te.TPUConfig(iterations_per_loop=8, loop_strategy="step")
+    estimator(tmp_path, tpu_config=tpu).train(batches_fn(x, y), steps=20)
+    # Loop 1: 1+2+4+1; loop 2: 4+4 (capped at STEP_CHUNK); loop 3 (4 steps): 4.
+    assert seen == [(1, False), (2, False), (4, False), (1, True), (4, False), (4, True), (4, True)]
