@@ -17,7 +17,7 @@ import numpy as np
 from tpu_estimator.api._checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.estimator import hook_runner, progress
-from tpu_estimator.feeding.device import batch_specs, to_device
+from tpu_estimator.feeding.device import Placer, batch_specs
 from tpu_estimator.feeding.lockstep import lockstep_feed, real_rows
 from tpu_estimator.hooks.session_run_hook import RunContext
 from tpu_estimator.metrics import Metric, merge_stacked
@@ -52,15 +52,14 @@ def evaluate(
         raise ValueError(message("evaluate() needs at least one batch of input.", "an empty input_fn"))
     state = est._state_for(runtime, first, batches.axes, step, train=False)
     all_hooks = [*hooks, *runtime.spec.hooks, *progress.hooks_for("eval", steps)]
-    specs = batch_specs(batches.axes)
-    topo = est._topology
+    place = Placer(batch_specs(batches.axes), est._topology)
 
     acc = _Accumulator(runtime)
     hook_runner.call_all(all_hooks, "begin")
     hook_runner.call_all(all_hooks, "after_create_session", est, None)
     global_step = int(jax.device_get(state.step))
     variables = state.variables
-    with lockstep_feed(first, batches, lambda b: to_device(b.tree, specs, topo), steps=steps) as feed:
+    with lockstep_feed(first, batches, lambda b: place(b.tree), steps=steps) as feed:
         for host, device, counts in feed:
             ctx = RunContext(session=est)
             requests = [h.before_run(ctx) for h in all_hooks]

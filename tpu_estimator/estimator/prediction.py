@@ -15,7 +15,7 @@ import numpy as np
 from tpu_estimator.api._checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.estimator import hook_runner, progress
-from tpu_estimator.feeding.device import batch_specs, to_device
+from tpu_estimator.feeding.device import Placer, batch_specs
 from tpu_estimator.feeding.lockstep import lockstep_feed
 from tpu_estimator.hooks.session_run_hook import RunContext
 
@@ -50,14 +50,14 @@ def _generate(est, input_fn, predict_keys, hooks, checkpoint_path, single) -> It
         return
     state = est._state_for(runtime, first, batches.axes, step, train=False)
     all_hooks = [*hooks, *runtime.spec.hooks, *progress.hooks_for("predict", None)]
-    specs = batch_specs(batches.axes[0])
     topo = est._topology
+    place = Placer(batch_specs(batches.axes[0]), topo)
     variables = state.variables
     global_step = int(jax.device_get(state.step))
 
     hook_runner.call_all(all_hooks, "begin")
     hook_runner.call_all(all_hooks, "after_create_session", est, None)
-    with lockstep_feed(first, batches, lambda b: to_device(b.features, specs, topo)) as feed:
+    with lockstep_feed(first, batches, lambda b: place(b.features)) as feed:
         for host, device, _ in feed:
             ctx = RunContext(session=est)
             requests = [h.before_run(ctx) for h in all_hooks]

@@ -24,7 +24,7 @@ from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.estimator import hook_runner, progress
 from tpu_estimator.estimator.runtime import Runtime
 from tpu_estimator.estimator.schedule import LoopSchedule
-from tpu_estimator.feeding.device import batch_specs, to_device
+from tpu_estimator.feeding.device import Placer, batch_specs
 from tpu_estimator.feeding.host_batches import HostBatch
 from tpu_estimator.feeding.input_state import get_input_state
 from tpu_estimator.feeding.prefetch import Prefetch
@@ -48,10 +48,13 @@ STEP_CHUNK = 16
 
 
 def _bound(in_flight: collections.deque, done_marker: jax.Array) -> None:
-    """Keeps at most MAX_IN_FLIGHT programs queued: waits for the oldest beyond that (a
-    rolling window, so the device never runs dry waiting for the host)."""
+    """Keeps at most MAX_IN_FLIGHT programs queued. Beyond that the host waits until half
+    remain: the device never runs dry waiting for the host, and the host sleeps once per
+    MAX_IN_FLIGHT // 2 steps rather than once per step."""
     in_flight.append(done_marker)
     if len(in_flight) > MAX_IN_FLIGHT:
+        while len(in_flight) > MAX_IN_FLIGHT // 2 + 1:
+            in_flight.popleft()
         in_flight.popleft().block_until_ready()
 
 
@@ -103,7 +106,7 @@ def chunks(
     While "auto" is still measuring, a loop comes as lists of scan-chunk size,
     so the host loop can stack them if the decision turns out "scan".
     """
-    topo = runtime.est._topology
+    place = {kind: Placer(spec, runtime.est._topology) for kind, spec in specs.items()}
     step_chunk = 1
     while (size := schedule.next_size()) is not None:
         # Decided per loop: a loop is never split between chunk kinds (scan lengths stay few).
@@ -125,9 +128,9 @@ def chunks(
             last = done >= size or len(group) < limit
             if stacked:
                 block = jax.tree.map(lambda *xs: np.stack(xs), *[b.tree for b in group])
-                data = to_device(block, specs["stacked"], topo)
+                data = place["stacked"](block)
             else:
-                data = [to_device(b.tree, specs["single"], topo) for b in group]
+                data = [place["single"](b.tree) for b in group]
             yield Chunk(data, len(group), last, state)
             if len(group) < limit:
                 return

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tpu_estimator.parallel.mesh import DATA, Topology
@@ -22,13 +21,21 @@ def batch_specs(axes: Any, *, leading: int = 0, replicated: bool = False) -> Any
     return jax.tree.map(spec, axes)
 
 
-def to_device(tree: Any, specs: Any, topology: Topology) -> Any:
-    """Places host arrays (this host's part of the global batch) on the mesh."""
+class Placer:
+    """Places host arrays (this host's part of the global batch) on the mesh as `specs` say.
 
-    def put(x: np.ndarray, spec: P) -> jax.Array:
-        sharding = NamedSharding(topology.mesh, spec)
+    The shardings are built once: placing a batch is one `device_put` call per
+    batch on one host (the feeder's per-step cost), one call per array on several.
+    """
+
+    def __init__(self, specs: Any, topology: Topology) -> None:
+        self._shardings = jax.tree.map(
+            lambda spec: NamedSharding(topology.mesh, spec), specs, is_leaf=lambda x: isinstance(x, P)
+        )
+
+    def __call__(self, tree: Any) -> Any:
         if jax.process_count() == 1:
-            return jax.device_put(x, sharding)
-        return jax.make_array_from_process_local_data(sharding, x)
-
-    return jax.tree.map(put, tree, specs, is_leaf=lambda x: isinstance(x, P) or x is None)
+            return jax.device_put(tree, self._shardings)
+        return jax.tree.map(
+            lambda x, sharding: jax.make_array_from_process_local_data(sharding, x), tree, self._shardings
+        )
