@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from tpu_estimator.api._checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
@@ -198,6 +199,7 @@ class _Loop:
         self.ckpt_secs = cfg.save_checkpoints_secs
         self.examples_per_step = runtime.layout.global_batch_size or 0
         self.saved_step: int | None = None
+        self.place_step = Placer(P(), est._topology)  # the step program leaves the counter to us
         self.summaries = TrainSummaries(est.model_dir, cfg.save_summary_steps, self.examples_per_step)
 
     def run(self, state: Any, feed: Iterator[Chunk], first_input_state: Any) -> None:
@@ -220,7 +222,7 @@ class _Loop:
                 requests = [h.before_run(ctx) for h in self.hooks]
                 t0 = time.monotonic()
                 state, losses, host_outputs, summaries, n, input_state = self._run_loop(
-                    state, feed, input_state
+                    state, feed, input_state, step
                 )
                 if n == 0:
                     break
@@ -264,9 +266,9 @@ class _Loop:
             lis.end(self.est, step)
         hook_runner.call_all(self.hooks, "end", self.est)
 
-    def _run_loop(self, state, feed, input_state):
-        """Runs the chunks of one loop; (state, losses, host_call outputs, summaries, steps,
-        input state)."""
+    def _run_loop(self, state, feed, input_state, step):
+        """Runs the chunks of one loop from global step `step`; (state, losses, host_call
+        outputs, summaries, steps, input state)."""
         outs, n = [], 0
         in_flight: collections.deque = collections.deque()
         timing = self.strategy.measuring  # times this loop's steps after the first (compiling) one
@@ -278,6 +280,8 @@ class _Loop:
             if isinstance(data, list):  # one program per step
                 for batch in data:
                     state, out = self.runtime.program("step")(state, batch)
+                    state = state.replace(step=self.place_step(np.int32(step + n + 1)))
+                    n += 1
                     outs.append((True, out))
                     if timing and t0 is None:
                         jax.block_until_ready(state)
@@ -287,7 +291,7 @@ class _Loop:
                 state, out = self.runtime.program("scan")(state, data)
                 outs.append((False, out))
                 _bound(in_flight, out["loss"])
-            n += chunk.steps
+                n += chunk.steps
             input_state = chunk.input_state
             if chunk.end_of_loop:
                 break

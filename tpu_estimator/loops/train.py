@@ -96,11 +96,17 @@ def scan_program(
 def step_program(
     model: BoundModel, view: ViewFn, topology: Topology, placement: Placement = Placement()
 ) -> Callable[..., Any]:
-    """jit(state, batch [B, ...]) -> (state, outputs of this step)."""
+    """jit(state, batch [B, ...]) -> (state, outputs of this step).
+
+    The returned state keeps the input's `step`: the host advances the counter
+    (`_Loop` in estimator/training.py). Measured on XLA:CPU (benchmarks/RESULTS.md):
+    an independent `step + 1` in the program moves part of the step's work off
+    the Eigen pool and cost ~3% on a CNN step.
+    """
 
     def step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, Any]]:
-        state, outs = train_step(model, view, state, placement.constrain(batch))
-        return state, {**outs, "host_call": placement.collect(outs["host_call"])}
+        new, outs = train_step(model, view, state, placement.constrain(batch))
+        return new.replace(step=state.step), {**outs, "host_call": placement.collect(outs["host_call"])}
 
     sharded = over_replicas(
         step,
