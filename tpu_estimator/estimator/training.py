@@ -71,6 +71,9 @@ class Chunk:
     steps: int
     end_of_loop: bool
     input_state: Any
+    # With a list: the global step after each batch, placed ahead of time (the step
+    # program leaves the counter to the host; see loops/train.py step_program).
+    next_steps: Any = None
 
 
 def check_steps(steps: Any, max_steps: Any) -> None:
@@ -98,6 +101,7 @@ def chunks(
     runtime: Runtime,
     strategy: LoopStrategy,
     iterator: Any,
+    start_step: int = 0,
 ) -> Iterator[Chunk]:
     """Runs on the feeder thread: groups host batches into loops, moves them to the devices.
 
@@ -108,6 +112,8 @@ def chunks(
     so the host loop can stack them if the decision turns out "scan".
     """
     place = {kind: Placer(spec, runtime.est._topology) for kind, spec in specs.items()}
+    place_step = Placer(P(), runtime.est._topology)
+    fed = start_step
     step_chunk = 1
     while (size := schedule.next_size()) is not None:
         # Decided per loop: a loop is never split between chunk kinds (scan lengths stay few).
@@ -130,9 +136,12 @@ def chunks(
             if stacked:
                 block = jax.tree.map(lambda *xs: np.stack(xs), *[b.tree for b in group])
                 data = place["stacked"](block)
+                next_steps = None
             else:
                 data = [place["single"](b.tree) for b in group]
-            yield Chunk(data, len(group), last, state)
+                next_steps = [place_step(np.int32(fed + i + 1)) for i in range(len(group))]
+            fed += len(group)
+            yield Chunk(data, len(group), last, state, next_steps)
             if len(group) < limit:
                 return
 
@@ -176,7 +185,10 @@ def train(
         all_hooks.extend(runtime.spec.chief_hooks if runtime.spec else ())
     all_hooks.extend(progress.hooks_for("train", None if last is None else last - start, start))
     feed = Prefetch(
-        chunks(itertools.chain([first], batches), schedule, specs, runtime, strategy, iterator)
+        chunks(
+            itertools.chain([first], batches), schedule, specs, runtime, strategy, iterator,
+            start_step=int(jax.device_get(state.step)),
+        )
     )
     loop = _Loop(est, runtime, ckpt, all_hooks, listeners, strategy, schedule)
     try:
@@ -199,7 +211,6 @@ class _Loop:
         self.ckpt_secs = cfg.save_checkpoints_secs
         self.examples_per_step = runtime.layout.global_batch_size or 0
         self.saved_step: int | None = None
-        self.place_step = Placer(P(), est._topology)  # the step program leaves the counter to us
         self.summaries = TrainSummaries(est.model_dir, cfg.save_summary_steps, self.examples_per_step)
 
     def run(self, state: Any, feed: Iterator[Chunk], first_input_state: Any) -> None:
@@ -222,7 +233,7 @@ class _Loop:
                 requests = [h.before_run(ctx) for h in self.hooks]
                 t0 = time.monotonic()
                 state, losses, host_outputs, summaries, n, input_state = self._run_loop(
-                    state, feed, input_state, step
+                    state, feed, input_state
                 )
                 if n == 0:
                     break
@@ -266,9 +277,9 @@ class _Loop:
             lis.end(self.est, step)
         hook_runner.call_all(self.hooks, "end", self.est)
 
-    def _run_loop(self, state, feed, input_state, step):
-        """Runs the chunks of one loop from global step `step`; (state, losses, host_call
-        outputs, summaries, steps, input state)."""
+    def _run_loop(self, state, feed, input_state):
+        """Runs the chunks of one loop; (state, losses, host_call outputs, summaries, steps,
+        input state)."""
         outs, n = [], 0
         in_flight: collections.deque = collections.deque()
         timing = self.strategy.measuring  # times this loop's steps after the first (compiling) one
@@ -278,9 +289,9 @@ class _Loop:
             if isinstance(data, list) and len(data) > 1 and self.strategy.current == "scan":
                 data = jax.tree.map(lambda *xs: jnp.stack(xs), *data)  # fed before "auto" decided
             if isinstance(data, list):  # one program per step
-                for batch in data:
+                for batch, next_step in zip(data, chunk.next_steps):
                     state, out = self.runtime.program("step")(state, batch)
-                    state = state.replace(step=self.place_step(np.int32(step + n + 1)))
+                    state = state.replace(step=next_step)
                     n += 1
                     outs.append((True, out))
                     if timing and t0 is None:

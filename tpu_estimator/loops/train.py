@@ -99,9 +99,10 @@ def step_program(
     """jit(state, batch [B, ...]) -> (state, outputs of this step).
 
     The returned state keeps the input's `step`: the host advances the counter
-    (`_Loop` in estimator/training.py). Measured on XLA:CPU (benchmarks/RESULTS.md):
-    an independent `step + 1` in the program moves part of the step's work off
-    the Eigen pool and cost ~3% on a CNN step.
+    (the feeder places each next step ahead of time; estimator/training.py).
+    Measured on XLA:CPU (benchmarks/RESULTS.md): an independent `step + 1` in
+    the program moves part of the step's work off the Eigen pool and cost ~3%
+    on a CNN step.
     """
 
     def step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, Any]]:
