@@ -82,7 +82,8 @@ def test_steps_arguments_are_checked(tmp_path, kwargs, error, match):
         estimator(tmp_path).train(lambda params: iter([]), **kwargs)
 
 
-def test_host_call_sees_every_nth_step_with_global_batch_shapes(tmp_path, data):
+def _host_call_steps(tmp_path, data, *, steps, tpu):
+    """The steps (fed as a feature) that host_call saw, with the logits' shapes."""
     import optax, flax.linen as nn
 
     seen = []
@@ -102,13 +103,29 @@ def test_host_call_sees_every_nth_step_with_global_batch_shapes(tmp_path, data):
 
     def input_fn(params):
         b = params["batch_size"]
-        for i in range(10):
-            yield {"x": x[i * b : (i + 1) * b], "step": np.full((b,), i + 1, np.int32)}, y[i * b : (i + 1) * b]
+        for i in range(steps):
+            j = i % (len(x) // b)
+            yield {"x": x[j * b : (j + 1) * b], "step": np.full((b,), i + 1, np.int32)}, y[j * b : (j + 1) * b]
 
+    estimator(tmp_path, model_fn=model_fn, tpu_config=tpu).train(input_fn, steps=steps)
+    return seen
+
+
+def test_host_call_sees_every_nth_step_with_global_batch_shapes(tmp_path, data):
     tpu = te.TPUConfig(iterations_per_loop=4, experimental_host_call_every_n_steps=2)
-    estimator(tmp_path, model_fn=model_fn, tpu_config=tpu).train(input_fn, steps=10)
+    seen = _host_call_steps(tmp_path, data, steps=10, tpu=tpu)
     # Loops of 4, 4, 2 steps; within each loop steps 0, 2, ... call the host.
     assert [s for s, _ in seen] == [1, 3, 5, 7, 9]
+    assert all(shape == (16, 3) for _, shape in seen)
+
+
+@pytest.mark.parametrize("strategy", ["step", "scan"])
+def test_host_call_sees_every_step_of_a_long_loop_in_order(tmp_path, data, strategy):
+    # 40 steps in one loop: per-step dispatch fetches finished steps' outputs while
+    # later ones run (beyond 16 in flight), scan in one program; both join the same way.
+    tpu = te.TPUConfig(iterations_per_loop=40, loop_strategy=strategy)
+    seen = _host_call_steps(tmp_path, data, steps=40, tpu=tpu)
+    assert [s for s, _ in seen] == list(range(1, 41))
     assert all(shape == (16, 3) for _, shape in seen)
 
 

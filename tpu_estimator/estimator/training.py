@@ -48,15 +48,31 @@ MAX_IN_FLIGHT = 16
 STEP_CHUNK = 16
 
 
-def _bound(in_flight: collections.deque, done_marker: jax.Array) -> None:
+def _bound(in_flight: collections.deque, done_marker: jax.Array) -> bool:
     """Keeps at most MAX_IN_FLIGHT programs queued. Beyond that the host waits until half
     remain: the device never runs dry waiting for the host, and the host sleeps once per
-    MAX_IN_FLIGHT // 2 steps rather than once per step."""
+    MAX_IN_FLIGHT // 2 steps rather than once per step. True when it waited: then all
+    programs but the last `len(in_flight)` are done."""
     in_flight.append(done_marker)
     if len(in_flight) > MAX_IN_FLIGHT:
         while len(in_flight) > MAX_IN_FLIGHT // 2 + 1:
             in_flight.popleft()
         in_flight.popleft().block_until_ready()
+        return True
+    return False
+
+
+def _join(fetched: list[tuple[bool, Any]]) -> Any:
+    """Host outputs of one loop's programs, joined along a leading step axis. Each entry is
+    (single step?, outputs): a single step's outputs gain the axis, a scan's have it."""
+    parts = []
+    for single, group in itertools.groupby(fetched, key=lambda entry: entry[0]):
+        trees = [tree for _, tree in group]
+        join = np.stack if single else np.concatenate
+        parts.append(jax.tree.map(lambda *xs: join([np.asarray(x) for x in xs]), *trees))
+    if len(parts) == 1:
+        return parts[0]
+    return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 
 
 class NanLossDuringTrainingError(RuntimeError):
@@ -138,8 +154,8 @@ def chunks(
                 data = place["stacked"](block)
                 next_steps = None
             else:
-                data = [place["single"](b.tree) for b in group]
-                next_steps = [place_step(np.int32(fed + i + 1)) for i in range(len(group))]
+                data = place["single"].many([b.tree for b in group])
+                next_steps = place_step.many([np.int32(fed + i + 1) for i in range(len(group))])
             fed += len(group)
             yield Chunk(data, len(group), last, state, next_steps)
             if len(group) < limit:
@@ -279,11 +295,20 @@ class _Loop:
 
     def _run_loop(self, state, feed, input_state):
         """Runs the chunks of one loop; (state, losses, host_call outputs, summaries, steps,
-        input state)."""
-        outs, n = [], 0
+        input state). Outputs of finished programs are fetched while the device runs the
+        later ones, so the loop's end (when the device idles) has little left to fetch."""
+        outs: list[tuple[bool, Any]] = []  # (single step?, device outputs) per program
+        fetched: list[tuple[bool, Any]] = []  # host copies of outs[: len(fetched)]
+        n = 0
         in_flight: collections.deque = collections.deque()
         timing = self.strategy.measuring  # times this loop's steps after the first (compiling) one
         t0 = None
+
+        def dispatched(single: bool, out: Any) -> None:
+            outs.append((single, out))
+            if _bound(in_flight, out["loss"]):
+                fetched.extend(jax.device_get(outs[len(fetched) : len(outs) - len(in_flight)]))
+
         for chunk in feed:
             data = chunk.data
             if isinstance(data, list) and len(data) > 1 and self.strategy.current == "scan":
@@ -293,16 +318,14 @@ class _Loop:
                     state, out = self.runtime.program("step")(state, batch)
                     state = state.replace(step=next_step)
                     n += 1
-                    outs.append((True, out))
                     if timing and t0 is None:
                         jax.block_until_ready(state)
                         t0 = time.perf_counter()
-                    _bound(in_flight, out["loss"])
+                    dispatched(True, out)
             else:
                 state, out = self.runtime.program("scan")(state, data)
-                outs.append((False, out))
-                _bound(in_flight, out["loss"])
                 n += chunk.steps
+                dispatched(False, out)
             input_state = chunk.input_state
             if chunk.end_of_loop:
                 break
@@ -311,12 +334,8 @@ class _Loop:
         if timing and t0 is not None:
             jax.block_until_ready(state)
             self.strategy.observe(n - 1, time.perf_counter() - t0)
-        # Per-step outputs get a leading step axis (on the host: no extra device work).
-        outs = [
-            jax.tree.map(lambda x: np.asarray(x)[None], o) if single else o
-            for single, o in jax.device_get(outs)
-        ]
-        joined = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *outs)
+        fetched.extend(jax.device_get(outs[len(fetched) :]))
+        joined = _join(fetched)  # on the host: no extra device work
         return state, joined["loss"], joined["host_call"], joined["summaries"], n, input_state
 
     def _host_calls(self, outputs: Any) -> None:

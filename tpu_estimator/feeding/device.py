@@ -24,8 +24,8 @@ def batch_specs(axes: Any, *, leading: int = 0, replicated: bool = False) -> Any
 class Placer:
     """Places host arrays (this host's part of the global batch) on the mesh as `specs` say.
 
-    The shardings are built once: placing a batch is one `device_put` call per
-    batch on one host (the feeder's per-step cost), one call per array on several.
+    The shardings are built once. On one host a group of batches is placed with
+    one `device_put` call (the feeder's per-step cost); on several, one call per array.
     """
 
     def __init__(self, specs: Any, topology: Topology) -> None:
@@ -34,8 +34,16 @@ class Placer:
         )
 
     def __call__(self, tree: Any) -> Any:
+        return self.many([tree])[0]
+
+    def many(self, trees: list[Any]) -> list[Any]:
+        """Places several trees of this structure in one call (one `device_put` on one host:
+        the per-call overhead, ~40 us of Python, is paid once per group, not per batch)."""
         if jax.process_count() == 1:
-            return jax.device_put(tree, self._shardings)
-        return jax.tree.map(
-            lambda x, sharding: jax.make_array_from_process_local_data(sharding, x), tree, self._shardings
-        )
+            return jax.device_put(list(trees), [self._shardings] * len(trees))
+        return [
+            jax.tree.map(
+                lambda x, sharding: jax.make_array_from_process_local_data(sharding, x), tree, self._shardings
+            )
+            for tree in trees
+        ]
