@@ -12,7 +12,9 @@ hooks and the checkpoint written at the end of every call included.
 The contenders run interleaved, one epoch each per round (this VM's speed
 drifts by 10-20% over minutes). Printed: examples/sec (best round of each)
 and two ratios to the faster reference: of the best rounds, and the median
-over rounds of the ratio within a round (robust to drift: the headline).
+over rounds of the ratio within a round (robust to drift: the headline),
+with the mean and its standard error (one round's ratio swings ~5% here, so
+15 rounds are the default: ~12 minutes on the project's 2-core VM).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import time
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--quick", action="store_true", help="fewer steps (a smoke run)")
-parser.add_argument("--rounds", type=int, default=9)
+parser.add_argument("--rounds", type=int, default=15)
 ARGS = parser.parse_args()
 # One CPU device: the references are single-device loops (8 fake devices on 2 cores
 # measure the host, not the estimator; DESIGN.md).
@@ -187,10 +189,11 @@ def main() -> int:
         paired = [e / max(p, s) for e, p, s in zip(rates["estimator"], rates["per-step"], rates["scan"])]
         ratio = float(np.median(paired))
         worst = min(worst, ratio)
+        se = float(np.std(paired, ddof=1) / np.sqrt(len(paired))) if len(paired) > 1 else float("nan")
         print(
             f"{name:8} {best['per-step']:14.0f} {best['scan']:10.0f} {best['estimator']:15.0f}"
             f" {ratio_best:12.3f} {ratio:14.3f}  (estimator chose {strategy!r};"
-            f" rounds {' '.join(f'{r:.3f}' for r in paired)})"
+            f" mean {np.mean(paired):.3f} ± {se:.3f} s.e.; rounds {' '.join(f'{r:.3f}' for r in paired)})"
         )
     print(f"estimator / faster reference, median over rounds, worst workload: {worst:.3f} (target >= 0.97)")
     return 0
