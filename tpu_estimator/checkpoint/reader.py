@@ -150,7 +150,10 @@ def _with_checkpointer(directory: str, fn: Callable[[Checkpointer], Any]) -> Any
 
 
 def _open(ckpt_dir_or_file: Any) -> _Export | _Checkpoint:
-    """The export or checkpoint that `ckpt_dir_or_file` names."""
+    """The export or checkpoint that `ckpt_dir_or_file` names (bytes too, as
+    `export_saved_model` returns the export's path)."""
+    if isinstance(ckpt_dir_or_file, bytes):
+        ckpt_dir_or_file = os.fsdecode(ckpt_dir_or_file)
     if not isinstance(ckpt_dir_or_file, (str, os.PathLike)):
         raise TypeError(
             message(

@@ -45,6 +45,7 @@ def state_specs(state: EmbeddingState) -> EmbeddingState:
     return EmbeddingState(
         tables={t: rows for t in state.tables},
         slots={t: {k: rows for k in s} for t, s in state.slots.items()},
+        shards=None if state.shards is None else P(),
     )
 
 
@@ -95,4 +96,4 @@ def update_in_replica(
         spec, coll, state.tables, state.slots, ids, weights, activation_grads, step,
         grad_scale=1.0 / coll.num_replicas,
     )
-    return EmbeddingState(tables, slots)
+    return state.replace(tables=tables, slots=slots)

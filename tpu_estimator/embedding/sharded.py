@@ -33,10 +33,15 @@ class EmbeddingState:
       tables: table name -> storage array.
       slots: table name -> {slot name -> storage array} (Adagrad: accumulator;
         Adam: m, v; FTRL: accumulator, linear; SGD: none).
+      shards: the number of shards N of the storage order (an int32 scalar, saved
+        with the tables: a checkpoint restored onto another device count converts
+        through the logical tables, which 'mod' cannot do without N); None in
+        states built by hand.
     """
 
     tables: dict[str, Any]
     slots: dict[str, dict[str, Any]]
+    shards: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,48 +81,55 @@ class ShardedTables:
     def row_sharding(self) -> NamedSharding:
         return NamedSharding(self.mesh, P(self.axes or None))
 
-    def state_shardings(self) -> EmbeddingState:
+    def state_shardings(self, with_slots: bool = True) -> EmbeddingState:
         s = self.row_sharding()
-        names = slot_initial_values(self.spec.optimization_parameters)
+        names = slot_initial_values(self.spec.optimization_parameters) if with_slots else {}
         return EmbeddingState(
             tables={t: s for t in self.spec.tables},
             slots={t: {k: s for k in names} for t in self.spec.tables},
+            shards=NamedSharding(self.mesh, P()),
         )
+
+    def build(self, key: jax.Array, dtype: Any = jnp.float32, *, with_slots: bool = True) -> EmbeddingState:
+        """The initial state as `init` makes it, unplaced (to call inside a jitted init whose
+        out_shardings are `state_shardings(with_slots)`)."""
+        layouts = self.layouts
+        names = slot_initial_values(self.spec.optimization_parameters) if with_slots else {}
+        tables, slots = {}, {}
+        for i, (name, config) in enumerate(self.spec.tables.items()):
+            shape = (config.vocabulary_size, config.dimension)
+            logical = config.init_fn()(jax.random.fold_in(key, i), shape, dtype)
+            tables[name] = layouts[name].to_storage(jnp.asarray(logical, dtype))
+            rows = (layouts[name].storage_rows, config.dimension)
+            slots[name] = {k: jnp.full(rows, v, jnp.float32) for k, v in names.items()}
+        return EmbeddingState(tables, slots, shards=jnp.int32(self.num_shards))
 
     def init(self, key: jax.Array, dtype: Any = jnp.float32, *, with_slots: bool = True) -> EmbeddingState:
         """Tables from their initializers (the same values on any device count), slots at
         their initial values; each created sharded (no device holds a whole table)."""
-        layouts = self.layouts
-        names = slot_initial_values(self.spec.optimization_parameters) if with_slots else {}
+        build = lambda k: self.build(k, dtype, with_slots=with_slots)  # noqa: E731
+        return jax.jit(build, out_shardings=self.state_shardings(with_slots))(key)
 
-        def build(key: jax.Array) -> EmbeddingState:
-            tables, slots = {}, {}
-            for i, (name, config) in enumerate(self.spec.tables.items()):
-                shape = (config.vocabulary_size, config.dimension)
-                logical = config.init_fn()(jax.random.fold_in(key, i), shape, dtype)
-                tables[name] = layouts[name].to_storage(jnp.asarray(logical, dtype))
-                rows = (layouts[name].storage_rows, config.dimension)
-                slots[name] = {k: jnp.full(rows, v, jnp.float32) for k, v in names.items()}
-            return EmbeddingState(tables, slots)
+    def logical(self, state: EmbeddingState, num_shards: int | None = None) -> dict[str, np.ndarray]:
+        """table name (and `name/slot`) -> whole logical table on the host.
 
-        shardings = self.state_shardings()
-        if not with_slots:
-            shardings = shardings.replace(slots={t: {} for t in self.spec.tables})
-        return jax.jit(build, out_shardings=shardings)(key)
-
-    def logical(self, state: EmbeddingState) -> dict[str, np.ndarray]:
-        """table name (and `name/slot`) -> whole logical table on the host."""
-        layouts = self.layouts
+        `state` may come from another device count (a checkpoint): its storage
+        order is read with `num_shards`, else its own `shards`, else this mesh's.
+        """
+        if num_shards is None:
+            num_shards = self.num_shards if state.shards is None else int(np.asarray(state.shards))
+        layouts = table_layouts(self.spec, num_shards)
         out = {t: layouts[t].to_logical(v) for t, v in state.tables.items()}
-        for t, slots in state.slots.items():
+        for t, slots in (state.slots or {}).items():
             out.update({f"{t}/{k}": layouts[t].to_logical(v) for k, v in slots.items()})
         return out
 
-    def place(self, logical: Mapping[str, Any]) -> EmbeddingState:
+    def place(self, logical: Mapping[str, Any], *, with_slots: bool = True) -> EmbeddingState:
         """The state from whole logical tables and slots (named as `logical()` names them):
-        how a checkpoint or warm start written on any device count is put on this mesh."""
+        how a checkpoint or warm start written on any device count is put on this mesh.
+        `with_slots=False`: the tables alone (evaluation and prediction)."""
         layouts, sharding = self.layouts, self.row_sharding()
-        names = slot_initial_values(self.spec.optimization_parameters)
+        names = slot_initial_values(self.spec.optimization_parameters) if with_slots else {}
         missing = [
             k for t in self.spec.tables for k in (t, *(f"{t}/{n}" for n in names)) if k not in logical
         ]
@@ -133,6 +145,7 @@ class ShardedTables:
         return EmbeddingState(
             tables={t: put(t, t) for t in self.spec.tables},
             slots={t: {n: put(t, f"{t}/{n}") for n in names} for t in self.spec.tables},
+            shards=jax.device_put(np.int32(self.num_shards), NamedSharding(self.mesh, P())),
         )
 
     # --- ops on global arrays (call inside or outside jit) ---
@@ -174,7 +187,7 @@ class ShardedTables:
 
         if self.mesh.size == 1:
             tables, slots = body(state.tables, state.slots, ids, weights, activation_grads, step)
-            return EmbeddingState(tables, slots)
+            return state.replace(tables=tables, slots=slots)
         rows, batch = P(self.axes), self._batch_spec()
         slot_specs = {t: {k: rows for k in v} for t, v in state.slots.items()}
         table_specs = {t: rows for t in state.tables}
@@ -188,4 +201,25 @@ class ShardedTables:
             out_specs=(table_specs, slot_specs),
             check_vma=False,
         )(state.tables, state.slots, ids, weights, activation_grads, jnp.asarray(step))
-        return EmbeddingState(tables, slots)
+        return state.replace(tables=tables, slots=slots)
+
+
+def whole_tables(spec: EmbeddingConfigSpec, saved: Any) -> dict[str, np.ndarray]:
+    """table name -> the whole logical table, from a checkpoint's raw embedding state (nested
+    dicts of numpy arrays, any device count: its `shards` says the storage order)."""
+    if not saved or "shards" not in saved:
+        raise ValueError(
+            message(
+                "The checkpoint holds no embedding tables, but the estimator has an embedding_config_spec.",
+                f"saved embedding state={None if not saved else sorted(saved)}",
+                "Use a checkpoint trained with this embedding_config_spec.",
+            )
+        )
+    layouts = table_layouts(spec, int(np.asarray(saved["shards"])))
+    return {t: layouts[t].to_logical(saved["tables"][t]) for t in spec.tables if t in saved["tables"]}
+
+
+def one_device_state(tables: Mapping[str, Any]) -> EmbeddingState:
+    """An EmbeddingState of whole logical tables, as a one-device lookup reads them (one shard:
+    the storage order is the logical order); no optimizer slots."""
+    return EmbeddingState(tables=dict(tables), slots={t: {} for t in tables}, shards=None)

@@ -100,13 +100,17 @@ def check_export_options(api_version: Any, embedding_config_spec: Any) -> None:
             )
         )
     if embedding_config_spec is not None:
-        raise ValueError(
-            message(
-                "TPU embeddings (`embedding_config_spec`) are not supported.",
-                f"embedding_config_spec={type(embedding_config_spec).__name__}",
-                "Use flax.linen.Embed layers inside model_fn instead.",
+        from tpu_estimator.embedding.config import EmbeddingConfigSpec
+
+        if not isinstance(embedding_config_spec, EmbeddingConfigSpec):
+            raise TypeError(
+                message(
+                    "`embedding_config_spec` must be a tpu_estimator.EmbeddingConfigSpec.",
+                    f"embedding_config_spec={type(embedding_config_spec).__name__}",
+                    "Build one with EmbeddingConfigSpec(feature_to_config_dict=..., "
+                    "table_to_config_dict=..., optimization_parameters=...).",
+                )
             )
-        )
 
 
 def agree_model_dir(arg: str | os.PathLike[str] | None, from_config: str | None) -> str:

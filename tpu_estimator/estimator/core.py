@@ -24,16 +24,25 @@ from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.api.run_config import RunConfig
 from tpu_estimator.checkpoint import integrity
-from tpu_estimator.checkpoint.manager import Checkpointer, CheckpointRef, split_checkpoint_path
+from tpu_estimator.checkpoint.manager import (
+    Checkpointer,
+    CheckpointRef,
+    restore_state_numpy,
+    split_checkpoint_path,
+    state_metadata,
+)
+from tpu_estimator.embedding.inputs import prepare_features
+from tpu_estimator.embedding.sharded import whole_tables
 from tpu_estimator.estimator.runtime import Runtime
 from tpu_estimator.feeding.host_batches import HostBatch, HostBatches
 from tpu_estimator.feeding.input_state import is_checkpointable, set_input_state
 from tpu_estimator.feeding.pipelines import open_input
+from tpu_estimator.loops.embedded import Embedding
 from tpu_estimator.loops.strategy import LoopStrategy
 from tpu_estimator.model.call import INPUT_FN_ARGS, accepted_args
 from tpu_estimator.model.module import BoundModel, bind_model
 from tpu_estimator.model.spec_view import SpecView, view_spec
-from tpu_estimator.model.state import TrainState
+from tpu_estimator.model.state import EMBEDDING, TrainState
 from tpu_estimator.parallel.layout import DataLayout
 from tpu_estimator.parallel.mesh import Topology
 from tpu_estimator.paths import as_uri
@@ -62,6 +71,7 @@ class Core:
       batch_axis: As given to TPUEstimator.
       export: The export flags.
       warm_start_from: As given to TPUEstimator.
+      embedding_config_spec: As given to TPUEstimator (checked), or None.
     """
 
     def __init__(
@@ -77,6 +87,7 @@ class Core:
         batch_axis: Any,
         export: ExportFlags,
         warm_start_from: Any,
+        embedding_config_spec: Any = None,
     ) -> None:
         self.model_fn = model_fn
         self.model_fn_args = model_fn_args
@@ -88,6 +99,7 @@ class Core:
         self.batch_axis = batch_axis
         self.export = export
         self.warm_start_from = warm_start_from
+        self.embedding_config_spec = embedding_config_spec
         self._runtimes: dict[tuple[str, int | None], Runtime] = {}
         self._checkpointers: dict[str, Checkpointer] = {}
         self._last_state: TrainState | None = None
@@ -158,17 +170,27 @@ class Core:
         except Exception as e:  # noqa: BLE001 - the save's failure, raised already by the caller
             log.debug("Closing the checkpoint manager of %s: %s", self.model_dir, e)
 
-    def bind(self, mode: str, *, batch_size: int | None = None, use_tpu: bool | None = None) -> BoundModel:
+    def bind(
+        self, mode: str, *, batch_size: int | None = None, use_tpu: bool | None = None,
+        one_device: bool = False,
+    ) -> BoundModel:
         """model_fn bound to `mode`: params carry `batch_size` (if given) and `use_tpu`.
 
         `params['use_tpu']` is set in every mode, as the original did: whether
         this mode runs on the accelerator (EVAL with `eval_on_tpu=False` does
-        not), or, for export, the platform being exported.
+        not), or, for export, the platform being exported. With an
+        `embedding_config_spec`, the model looks its features up in tables
+        sharded over this topology's replicas (`one_device`: whole tables on
+        one device, as an export serves them).
         """
         if use_tpu is None:
             use_tpu = self.use_tpu and (mode != ModeKeys.EVAL or self.eval_on_tpu)
         params = {**self.params, "use_tpu": bool(use_tpu)}
-        return bind_model(self.model_fn, self.model_fn_args, mode, params, self.config, batch_size)
+        model = bind_model(self.model_fn, self.model_fn_args, mode, params, self.config, batch_size)
+        if self.embedding_config_spec is None:
+            return model
+        topology = Topology.create(use_tpu=False) if one_device else self.topology
+        return dataclasses.replace(model, embedding=Embedding.create(self.embedding_config_spec, topology))
 
     def view(self, mode: str, *, use_tpu: bool | None = None) -> Callable[[Any], SpecView]:
         """The (pure) check of what model_fn returns in `mode`."""
@@ -203,9 +225,11 @@ class Core:
         cannot be restored is an error (RunConfig.fall_back_to_intact_checkpoint: a warning,
         and the input starts from its beginning), and a checkpoint without one a warning."""
         names = accepted_args(input_fn, INPUT_FN_ARGS, "input_fn")
+        spec = self.embedding_config_spec
         batches, iterator = open_input(
             input_fn, names, layout=runtime.layout, params=dict(self.params), config=self.config,
             mode=runtime.mode, batch_axis=self.batch_axis, pad_final=runtime.mode != ModeKeys.TRAIN,
+            features_fn=None if spec is None else functools.partial(prepare_features, spec),
         )
         if restore is not None and is_checkpointable(iterator):
             try:
@@ -266,6 +290,30 @@ class Core:
         if ref is None and not train:
             log.warning("No checkpoint in %s: running with freshly initialised variables.", self.model_dir)
         return runtime.load_state(first, axes, ref)
+
+    def table_names(self) -> list[str]:
+        """The variable names of the embedding tables (`embedding/<table>`), whole tables."""
+        spec = self.embedding_config_spec
+        return [] if spec is None else [f"{EMBEDDING}/{t}" for t in spec.tables]
+
+    def read_table(self, checkpoint_path: str, name: str) -> Any:
+        """The whole logical table `name` (one of `table_names()`) of a checkpoint, saved on
+        any device count; reads only that table."""
+        table = name[len(EMBEDDING) + 1 :]
+        meta = state_metadata(checkpoint_path).get(EMBEDDING) or {}
+        tables = meta.get("tables") or {}
+        if table not in tables or "shards" not in meta:
+            raise ValueError(
+                message(
+                    "The checkpoint holds no such embedding table.",
+                    f"{name!r} in {checkpoint_path}, which has {sorted(tables)}",
+                    "Use a checkpoint trained with this embedding_config_spec.",
+                )
+            )
+        raw = restore_state_numpy(
+            checkpoint_path, {EMBEDDING: {"tables": {table: tables[table]}, "shards": meta["shards"]}}
+        )
+        return whole_tables(self.embedding_config_spec, raw[EMBEDDING])[table]
 
     def remember(self, state: TrainState) -> None:
         """Keeps the newest training state (the next call may start from it without a restore)."""

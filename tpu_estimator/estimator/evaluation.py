@@ -68,7 +68,7 @@ def evaluate(
     global_step = int(jax.device_get(state.step))
     runner = inference.Runner(
         runtime.program, {"single": "eval", "loop": "eval_scan", "padded": "eval_examples"},
-        (state.variables, state.step, state.rng), strategy=core.loop_strategy.inference,
+        (state.program_variables, state.step, state.rng), strategy=core.loop_strategy.inference,
         size=inference.loop_size(core.config.tpu_config.iterations_per_loop_parsed),
     )
     evaluated = 0

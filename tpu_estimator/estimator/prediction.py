@@ -57,7 +57,7 @@ def _generate(core, input_fn, predict_keys, hooks, checkpoint_path, single) -> I
     global_step = int(jax.device_get(state.step))
     runner = inference.Runner(
         runtime.program, {"single": "predict", "loop": "predict_scan", "padded": "predict"},
-        (state.variables, state.step, state.rng), strategy=core.loop_strategy.inference,
+        (state.program_variables, state.step, state.rng), strategy=core.loop_strategy.inference,
         size=inference.loop_size(core.config.tpu_config.iterations_per_loop_parsed),
     )
     gathered = runtime.placement.outputs == "gather"  # several hosts: this host's rows, in its order

@@ -14,9 +14,11 @@ import numpy as np
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
-from tpu_estimator.checkpoint.manager import CheckpointRef
+from tpu_estimator.checkpoint.manager import CheckpointRef, restore_state_numpy, state_metadata
 from tpu_estimator.checkpoint.variables import flatten, variable_name
 from tpu_estimator.checkpoint.warm_start import apply_warm_start
+from tpu_estimator.embedding.replica import state_specs as embedding_specs
+from tpu_estimator.embedding.sharded import EmbeddingState
 from tpu_estimator.feeding.host_batches import HostBatch
 from tpu_estimator.loops import evaluate as eval_loops
 from tpu_estimator.loops import predict as predict_loops
@@ -99,6 +101,8 @@ class Runtime:
             abstract, self.core.topology, rules=getattr(tpu, "partition_rules", None),
             metadata=metadata, logical_rules=getattr(tpu, "logical_axis_rules", None),
         )
+        if abstract.embedding is not None:  # rows over the replicas (embedding/replica.py)
+            specs = specs.replace(embedding=embedding_specs(abstract.embedding))
         return partitioning.named(specs, self.core.topology)
 
     # --- state -----------------------------------------------------------------
@@ -142,9 +146,13 @@ class Runtime:
         if ref is None:
             return self._after_init(init(*sample))
         abstract = self.traced.abstract  # what restoring checks model_fn's names against
-        if train:
+        if train and not self._tables_moved(ref):
             return ref.checkpointer.restore(ref.step, abstract)
         raw = ref.checkpointer.restore_raw(ref.step)
+        if train:  # embedding tables saved on another device count
+            state = _fill(abstract.replace(embedding=None), {**raw, "embedding": None})
+            state = jax.device_put(state, init.state_shardings.replace(embedding=None))
+            return state.replace(embedding=self._tables_from(raw, with_slots=True))
         variables = self._select_variables(
             {"params": abstract.params, **abstract.collections},
             {"params": raw["params"], **dict(raw.get("collections") or {})},
@@ -156,7 +164,44 @@ class Runtime:
             step=np.asarray(raw["step"], np.int32),
             rng=np.asarray(raw["rng"], np.uint32),
         )
-        return jax.device_put(state, init.state_shardings)
+        state = jax.device_put(state, init.state_shardings.replace(embedding=None))
+        if abstract.embedding is None:
+            return state
+        return state.replace(embedding=self._tables_from(raw, with_slots=False))
+
+    def _tables_moved(self, ref: CheckpointRef) -> bool:
+        """The checkpoint's embedding tables were sharded over another number of devices (their
+        storage order differs: restoring goes through the logical tables)."""
+        if self.model.embedding is None:
+            return False
+        meta = state_metadata(ref.path).get("embedding")
+        if not meta or "shards" not in meta:
+            raise ValueError(
+                message(
+                    "The checkpoint holds no embedding tables, but the estimator has an "
+                    "embedding_config_spec.",
+                    f"checkpoint {ref.path}",
+                    "Train with the same embedding_config_spec, or use a new model_dir.",
+                )
+            )
+        saved = restore_state_numpy(ref.path, {"embedding": {"shards": meta["shards"]}})
+        return int(np.asarray(saved["embedding"]["shards"])) != self.model.embedding.tables.num_shards
+
+    def _tables_from(self, raw: dict[str, Any], *, with_slots: bool) -> EmbeddingState:
+        """The embedding state of a raw (numpy) checkpoint placed on this topology."""
+        saved = raw.get("embedding")
+        tables = self.model.embedding.tables
+        if not saved:
+            raise ValueError(
+                message(
+                    "The checkpoint holds no embedding tables, but the estimator has an "
+                    "embedding_config_spec.",
+                    f"saved state keys {sorted(raw)}",
+                    "Train with the same embedding_config_spec, or use a new model_dir.",
+                )
+            )
+        state = EmbeddingState(saved["tables"], saved.get("slots") or {}, saved.get("shards"))
+        return tables.place(tables.logical(state), with_slots=with_slots)
 
     def _select_variables(self, needed: Any, saved: Any) -> dict[str, Any]:
         """The saved variables this mode's model_fn builds (a train-only head may be left out).
@@ -201,3 +246,17 @@ class Runtime:
         if state.opt_state is not None and tx is not None and (warm is not None or init_fn is not None):
             state = state.replace(opt_state=jax.jit(tx.init, out_shardings=sh.opt_state)(state.params))
         return state
+
+
+def _fill(abstract: Any, raw: Any) -> Any:
+    """`abstract`'s structure with the values of the same paths in a raw restore (nested
+    dicts and lists, as Orbax writes any pytree)."""
+
+    def value(path: Any, _: Any) -> Any:
+        node = raw
+        for key in path:
+            k = getattr(key, "key", getattr(key, "idx", getattr(key, "name", key)))
+            node = node[int(k)] if isinstance(node, (list, tuple)) else node[k if k in node else str(k)]
+        return node
+
+    return jax.tree_util.tree_map_with_path(value, abstract)

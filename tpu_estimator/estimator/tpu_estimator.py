@@ -61,7 +61,9 @@ class TPUEstimator:
       export_to_cpu: Export a CPU program.
       warm_start_from: A checkpoint (directory or `<model_dir>/<step>`) or a
         `WarmStartSettings` to initialise from.
-      embedding_config_spec: TPU embeddings are not supported; must be None.
+      embedding_config_spec: An `EmbeddingConfigSpec`: large embedding tables sharded by
+        rows over every device; model_fn receives each embedding feature's
+        looked-up activations in `features[name]` (see README "Large embeddings").
       export_saved_model_api_version: 1 or 2 (see `export_saved_model`).
 
     Raises:
@@ -121,6 +123,7 @@ class TPUEstimator:
             batch_axis=batch_axis,
             export=ExportFlags(bool(export_to_cpu), bool(export_to_tpu), int(export_saved_model_api_version)),
             warm_start_from=warm_start_from,
+            embedding_config_spec=embedding_config_spec,
         )
         self._last_train: training.TrainResult | None = None
 
@@ -179,12 +182,16 @@ class TPUEstimator:
         return self._core.latest_checkpoint()
 
     def get_variable_names(self) -> list[str]:
-        """Names of the saved variables: `Dense_0/kernel`, `batch_stats/...`, `global_step`."""
-        return [name for name, _ in list_variables(self._core.newest_checkpoint().path)]
+        """Names of the saved variables: `Dense_0/kernel`, `batch_stats/...`, `global_step`,
+        and `embedding/<table>` for each embedding table (the whole table)."""
+        path = self._core.newest_checkpoint().path
+        return [name for name, _ in list_variables(path)] + self._core.table_names()
 
     def get_variable_value(self, name: str) -> np.ndarray:
         """The saved value of variable `name` (see `get_variable_names`); reads only it."""
         path = self._core.newest_checkpoint().path
+        if name in self._core.table_names():
+            return self._core.read_table(path, name)
         names = [n for n, _ in list_variables(path)]
         if name not in names:
             raise ValueError(

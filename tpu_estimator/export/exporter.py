@@ -29,6 +29,8 @@ from tpu_estimator.api.serving_input import ServingInputReceiver
 from tpu_estimator.checkpoint import warm_start as ws
 from tpu_estimator.export import manifest as mf
 from tpu_estimator.checkpoint import flat_io as var_io
+from tpu_estimator.embedding.sharded import whole_tables
+from tpu_estimator.model.state import EMBEDDING
 from tpu_estimator.paths import as_path, as_uri, is_local, join
 from tpu_estimator.version import __version__
 from tpu_estimator.export.signatures import GraphFunctions, MetaGraphPlan, plan_meta_graphs
@@ -212,7 +214,10 @@ def _variables(
             raise ValueError(f"Couldn't find trained model at {core.model_dir}.")
         return variables, None
     raw = ref.checkpointer.restore_raw(ref.step)
-    return {"params": raw["params"], **dict(raw.get("collections") or {})}, int(ref.step)
+    variables = {"params": raw["params"], **dict(raw.get("collections") or {})}
+    if core.embedding_config_spec is not None:  # whole tables: an export looks up on one device
+        variables[EMBEDDING] = whole_tables(core.embedding_config_spec, raw.get(EMBEDDING))
+    return variables, int(ref.step)
 
 
 def _warm_start_variables(

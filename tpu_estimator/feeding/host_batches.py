@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import jax
 import numpy as np
@@ -118,8 +118,10 @@ class HostBatches:
         batch_axis: Any,
         pad_final: bool,
         pulls: int = 1,
+        features_fn: Callable[[Any], Any] | None = None,
     ) -> None:
         self._it = iter(iterable)
+        self._features_fn = features_fn
         self._batch_size = batch_size
         self._batch_axis = batch_axis
         self._pad_final = pad_final
@@ -136,9 +138,10 @@ class HostBatches:
         parts = []
         for _ in range(self._pulls):
             try:
-                parts.append(split_element(next(self._it)))
+                features, labels = split_element(next(self._it))
             except StopIteration:
                 break
+            parts.append((features if self._features_fn is None else self._features_fn(features), labels))
         if not parts:
             return None
         if len(parts) == 1:

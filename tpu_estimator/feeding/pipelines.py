@@ -73,8 +73,10 @@ def open_input(
     mode: str,
     batch_axis: Any,
     pad_final: bool,
+    features_fn: Callable[[Any], Any] | None = None,
 ) -> tuple[HostBatches, Any]:
-    """Calls input_fn as `layout` says; (validated host batches, the raw iterator)."""
+    """Calls input_fn as `layout` says; (validated host batches, the raw iterator).
+    `features_fn` checks and converts each element's features first (embedding ids)."""
     params = dict(params)
     if layout.global_batch_size:
         params["batch_size"] = layout.input_fn_batch_size
@@ -97,6 +99,7 @@ def open_input(
         batch_axis=batch_axis,
         pad_final=pad_final,
         pulls=layout.batches_per_pull,
+        features_fn=features_fn,
     )
     return batches, iterator
 

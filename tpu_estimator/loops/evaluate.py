@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from tpu_estimator.loops.replica import REPLICATED, Placement, over_replicas, replica_key
+from tpu_estimator.loops.embedded import looked_up
+from tpu_estimator.loops.replica import REPLICATED, Placement, over_replicas, replica_key, specs_of
 from tpu_estimator.model.module import BoundModel
 from tpu_estimator.model.spec_view import SpecView
 from tpu_estimator.parallel.mesh import Topology
@@ -25,6 +26,7 @@ ViewFn = Callable[[Any], SpecView]
 def eval_step(model: BoundModel, view: ViewFn, variables: Any, step: Any, rng: Any, batch: Any) -> dict[str, Any]:
     """One replica's batch: loss [1], metric tensors (batch-major), metric states [1, ...]."""
     features, labels = batch
+    variables, features = looked_up(model.embedding, variables, features)
     spec, _ = model.apply(variables, features, labels, rng=replica_key(rng, step))
     sv = view(spec)
     ops = jax.tree.map(lambda x: jnp.asarray(x)[None], sv.metric_ops or {})
@@ -33,6 +35,9 @@ def eval_step(model: BoundModel, view: ViewFn, variables: Any, step: Any, rng: A
 
 def example_step(model: BoundModel, view: ViewFn, variables: Any, step: Any, rng: Any, batch: Any) -> dict[str, Any]:
     """Like `eval_step`, but model_fn sees one example at a time: every output is per example."""
+    features, labels = batch
+    variables, features = looked_up(model.embedding, variables, features)  # once, for the batch
+    batch = (features, labels)
 
     def one(example: Any) -> dict[str, Any]:
         single = jax.tree.map(lambda x: x[None], example)
@@ -65,7 +70,7 @@ def eval_program(
     sharded = over_replicas(
         run,
         topology,
-        in_specs=(REPLICATED, REPLICATED, REPLICATED, placement.in_spec()),
+        in_specs=lambda v, *_: (specs_of(v), REPLICATED, REPLICATED, placement.in_spec()),
         out_specs=placement.out_spec(),
     )
     return jax.jit(sharded)
@@ -86,7 +91,7 @@ def eval_scan_program(
     sharded = over_replicas(
         run,
         topology,
-        in_specs=(REPLICATED, REPLICATED, REPLICATED, placement.in_spec(1)),
+        in_specs=lambda v, *_: (specs_of(v), REPLICATED, REPLICATED, placement.in_spec(1)),
         out_specs=placement.out_spec(1),
     )
 

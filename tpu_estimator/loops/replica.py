@@ -9,12 +9,15 @@ shardings and the input constraints say.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from tpu_estimator.embedding.replica import state_specs as embedding_specs
+from tpu_estimator.embedding.sharded import EmbeddingState
 from tpu_estimator.parallel.collectives import replica_gather, replica_index, single_replica
 from tpu_estimator.parallel.mesh import DATA, Topology
 
@@ -90,7 +93,9 @@ def over_replicas(
 ) -> Callable[..., Any]:
     """`fn` run once per replica on its shard of the batch (model_fn sees the per-replica batch).
 
-    On a single device `fn` runs as it is (see parallel/collectives.py).
+    `in_specs`/`out_specs` may be functions of the arguments, for specs that
+    depend on their structure (see `specs_of`). On a single device `fn` runs
+    as it is (see parallel/collectives.py).
     """
     if topology.num_devices == 1:
 
@@ -99,14 +104,31 @@ def over_replicas(
                 return fn(*args)
 
         return one
-    return jax.shard_map(
-        fn,
-        mesh=topology.mesh,
-        in_specs=in_specs,
-        out_specs=out_specs,
-        axis_names={DATA},
-        check_vma=False,
-    )
+
+    @functools.wraps(fn)  # (programs are named after fn: see loops/compiles.py)
+    def per_replica(*args: Any) -> Any:
+        return jax.shard_map(
+            fn,
+            mesh=topology.mesh,
+            in_specs=in_specs(*args) if callable(in_specs) else in_specs,
+            out_specs=out_specs(*args) if callable(out_specs) else out_specs,
+            axis_names={DATA},
+            check_vma=False,
+        )(*args)
+
+    return per_replica
+
+
+def _tables(x: Any) -> bool:
+    return isinstance(x, EmbeddingState)
+
+
+def specs_of(tree: Any) -> Any:
+    """The per-replica specs of a state or variables argument: whole on every replica
+    (`REPLICATED`), except embedding tables and slots, whose rows are split over "data"."""
+    if not any(_tables(x) for x in jax.tree.leaves(tree, is_leaf=_tables)):
+        return REPLICATED
+    return jax.tree.map(lambda x: embedding_specs(x) if _tables(x) else REPLICATED, tree, is_leaf=_tables)
 
 
 REPLICATED = P()

@@ -17,12 +17,14 @@ import jax
 import optax
 from jax import lax
 
+from tpu_estimator.embedding.replica import update_in_replica
 from tpu_estimator.loops.strategy import primitives_of
 from tpu_estimator.loops.replica import (
     REPLICATED,
     Placement,
     over_replicas,
     replica_key,
+    specs_of,
 )
 from tpu_estimator.model.module import BoundModel
 from tpu_estimator.model.spec_view import SpecView
@@ -43,23 +45,34 @@ def train_step(
     Returns the new state and outputs: `loss` (mean over replicas) and
     `host_call` (this replica's host_call tensors, batch-major) and
     `summaries` (what model_fn recorded with `tpu_estimator.summary`, one copy).
+    With embedding tables (`state.embedding`), model_fn sees the looked-up
+    activations in place of the ids; the loss is differentiated with respect
+    to them too, and the tables' optimizer updates the rows looked up.
     """
     features, labels = batch
     rng = replica_key(state.rng, state.step)
     mutable = sorted(state.collections)
     found: dict[str, SpecView] = {}
+    embedding = model.embedding if state.embedding is not None else None
+    ids: dict[str, Any] = {}
+    weights: dict[str, Any] = {}
+    acts: dict[str, Any] = {}
+    if embedding is not None:
+        features, ids, weights = embedding.split(features)
+        acts = embedding.lookup(state.embedding, ids, weights)
 
-    def loss_fn(params: Any) -> tuple[jax.Array, tuple[Any, Any]]:
+    def loss_fn(params: Any, acts: dict[str, Any]) -> tuple[jax.Array, tuple[Any, Any]]:
+        inputs = {**features, **acts} if acts else features
         with collecting() as summaries:
             spec, mutated = model.apply(
-                {"params": params, **state.collections}, features, labels, rng=rng, mutable=mutable
+                {"params": params, **state.collections}, inputs, labels, rng=rng, mutable=mutable
             )
         found["spec"] = sv = view(spec)
         return sv.loss, (mutated, sv.host_call_tensors, summaries)
 
-    (loss, (mutated, host_tensors, summaries)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params
-    )
+    (loss, (mutated, host_tensors, summaries)), (grads, act_grads) = jax.value_and_grad(
+        loss_fn, argnums=(0, 1), has_aux=True
+    )(state.params, acts)
     tx = found["spec"].train_op
     grads = replica_mean(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -69,6 +82,12 @@ def train_step(
         collections={**state.collections, **replica_mean(dict(mutated))},
         step=state.step + 1,
     )
+    if embedding is not None:
+        new_state = new_state.replace(
+            embedding=update_in_replica(
+                embedding.spec, embedding.collectives, state.embedding, ids, weights, act_grads, state.step
+            )
+        )
     outputs = {"loss": replica_mean(loss), "host_call": host_tensors}
     return new_state, {**outputs, "summaries": replicate_summaries(summaries)}
 
@@ -86,9 +105,9 @@ def scan_program(
     sharded = over_replicas(
         train_scan,
         topology,
-        in_specs=(REPLICATED, placement.in_spec(1)),
-        out_specs=(
-            REPLICATED,
+        in_specs=lambda state, _: (specs_of(state), placement.in_spec(1)),
+        out_specs=lambda state, _: (
+            specs_of(state),
             {"loss": REPLICATED, "host_call": placement.out_spec(1), "summaries": REPLICATED},
         ),
     )
@@ -114,9 +133,9 @@ def step_program(
     sharded = over_replicas(
         train_one_step,
         topology,
-        in_specs=(REPLICATED, placement.in_spec()),
-        out_specs=(
-            REPLICATED,
+        in_specs=lambda state, _: (specs_of(state), placement.in_spec()),
+        out_specs=lambda state, _: (
+            specs_of(state),
             {"loss": REPLICATED, "host_call": placement.out_spec(), "summaries": REPLICATED},
         ),
     )
@@ -140,11 +159,18 @@ def init_program(
 
     def build(features: Any, labels: Any) -> tuple[TrainState, SpecView, Any]:
         base = jax.random.PRNGKey(seed)
+        embedding = model.embedding
+        if embedding is not None:  # model_fn sees activations, not ids
+            features = embedding.placeholders(features)
         spec, variables = model.init(jax.random.fold_in(base, 1 << 20), features, labels)
         sv = view(spec)  # validates the spec
         tx = sv.train_op if with_optimizer else None
         metadata = nn.get_partition_spec(dict(variables)).get("params")
-        return TrainState.create(nn.unbox(dict(variables)), tx, seed), sv, metadata
+        state = TrainState.create(nn.unbox(dict(variables)), tx, seed)
+        if embedding is not None:
+            tables = embedding.tables.build(jax.random.fold_in(base, 1 << 21), with_slots=with_optimizer)
+            state = state.replace(embedding=tables)
+        return state, sv, metadata
 
     return InitProgram(build, topology, shardings)
 

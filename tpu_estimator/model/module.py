@@ -32,13 +32,18 @@ class _ModelFnModule(nn.Module):
 
 @dataclasses.dataclass(frozen=True)
 class BoundModel:
-    """`model_fn` bound to one mode, its params (with `batch_size`) and config."""
+    """`model_fn` bound to one mode, its params (with `batch_size`) and config.
+
+    `embedding` is what the programs need to look up `embedding_config_spec`'s
+    tables before calling model_fn (a `loops.embedded.Embedding`), or None.
+    """
 
     model_fn: Callable[..., Any]
     arg_names: frozenset[str]
     mode: str
     params: dict[str, Any]
     config: Any
+    embedding: Any = None
 
     def _call(self, features: Any, labels: Any) -> Any:
         if labels is not None and "labels" not in self.arg_names:
