@@ -144,7 +144,12 @@ def test_8_replicas_equal_1_device(runs):
 
 def test_tables_are_whole_and_trained(runs):
     est, _, _, _, tables = runs[8]
-    assert {n for n in est.get_variable_names() if n.startswith("embedding/")} == {"embedding/users", "embedding/items"}
+    assert {n for n in est.get_variable_names() if n.startswith("embedding/")} == {
+        "embedding/users", "embedding/items", "embedding/users/accumulator", "embedding/items/accumulator"
+    }
+    # the same without the model (as tf.train.load_variable), from any device count
+    np.testing.assert_array_equal(te.load_variable(est.model_dir, "embedding/items"), tables["embedding/items"])
+    assert dict(te.list_variables(est.model_dir))["embedding/items/accumulator"] == (203, DIM)
     assert tables["embedding/users"].shape == (50, DIM)
     assert tables["embedding/items"].shape == (203, DIM)
     fresh = estimator(est.model_dir + "-fresh", use_tpu=True)
@@ -221,3 +226,40 @@ def test_ids_out_of_range_name_the_feature_and_table(tmp_path):
 def test_not_an_embedding_config_spec_is_a_type_error(tmp_path):
     with pytest.raises(TypeError, match="embedding_config_spec"):
         te.TPUEstimator(model_fn, config=te.RunConfig(model_dir=str(tmp_path)), use_tpu=False, embedding_config_spec={"users": 1})
+
+
+def test_partition_strategy_may_change_between_runs(tmp_path):
+    """'div' then 'mod' on 8 devices trains as 'div' all along (the saved layout says the
+    storage order); a changed vocabulary_size is an error naming the table."""
+    changed = tmp_path / "changed"
+    estimator(changed, True, make_spec(strategy="div")).train(train_input(BATCHES[:3]), max_steps=3)
+    mod = estimator(changed, True, make_spec(strategy="mod"))
+    mod.train(train_input(BATCHES[3:5]), max_steps=5)
+    div = estimator(tmp_path / "div", True, make_spec(strategy="div"))
+    div.train(train_input(BATCHES[:3]), max_steps=3)
+    div.train(train_input(BATCHES[3:5]), max_steps=5)
+    np.testing.assert_allclose(
+        mod.get_variable_value("embedding/items"), div.get_variable_value("embedding/items"), rtol=1e-5, atol=1e-6
+    )
+    bigger = make_spec()
+    bigger = EmbeddingConfigSpec(
+        feature_to_config_dict=bigger.feature_to_config_dict,
+        table_to_config_dict={**bigger.table_to_config_dict, "items": TableConfig(300, DIM)},
+        optimization_parameters=bigger.optimization_parameters,
+    )
+    with pytest.raises(ValueError, match=r"no embedding table 'items' of vocabulary_size 300.*'items': 203"):
+        estimator(changed, True, bigger).evaluate(train_input(BATCHES[6:7]), steps=1)
+
+
+def test_warm_start_copies_whole_tables(runs, tmp_path):
+    est, _, _, _, tables = runs[8]
+    warm = te.TPUEstimator(
+        model_fn, model_dir=str(tmp_path), use_tpu=False, train_batch_size=B, eval_batch_size=B,
+        embedding_config_spec=make_spec(), warm_start_from=est.model_dir,
+        config=te.RunConfig(tpu_config=te.TPUConfig(iterations_per_loop=1)),
+    )
+    warm.train(train_input(BATCHES[:1]), max_steps=1)  # saves step 0 (warm-started), then step 1
+    step0 = te.load_variable(str(tmp_path / "0"), "embedding/items")
+    np.testing.assert_array_equal(step0, tables["embedding/items"])
+    np.testing.assert_array_equal(te.load_variable(str(tmp_path / "0"), "embedding/items/accumulator"),
+                                  np.full((203, DIM), 0.1, np.float32))  # slots start fresh

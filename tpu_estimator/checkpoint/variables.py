@@ -15,6 +15,8 @@ import jax
 import numpy as np
 
 from tpu_estimator.checkpoint.manager import restore_state_numpy, state_metadata
+from tpu_estimator.embedding.layout import saved_layouts
+from tpu_estimator.model.state import EMBEDDING
 
 GLOBAL_STEP = "global_step"
 
@@ -50,30 +52,65 @@ def _variable_leaves(tree: Any) -> list[tuple[Any, str, Any]]:
 
 def checkpoint_shapes(checkpoint_path: str) -> dict[str, tuple[int, ...]]:
     """{name: shape} of the variables of checkpoint `<model_dir>/<step>`, `global_step`
-    included; reads no array."""
-    leaves = _variable_leaves(state_metadata(checkpoint_path))
-    return {name: tuple(leaf.shape) for _, name, leaf in leaves}
+    and whole embedding tables included; reads no array but the tables' layouts."""
+    meta = state_metadata(checkpoint_path)
+    shapes = {name: tuple(leaf.shape) for _, name, leaf in _variable_leaves(meta)}
+    tables = _embedding_names(checkpoint_path, meta)
+    shapes.update({name: (layout.vocabulary_size, *leaf.shape[1:]) for name, (layout, leaf, _) in tables.items()})
+    return shapes
 
 
 def checkpoint_variables(
     checkpoint_path: str, names: Iterable[str] | None = None
 ) -> dict[str, np.ndarray]:
-    """The variables of checkpoint `<model_dir>/<step>` by name, plus `global_step`.
+    """The variables of checkpoint `<model_dir>/<step>` by name, plus `global_step`, and the
+    embedding tables and their slots whole (`embedding/<table>`, `embedding/<table>/<slot>`).
 
     Read as numpy arrays on any device count; the optimizer state is not read.
     `names` reads only those (names the checkpoint lacks are left out).
     """
     wanted = None if names is None else set(names)
+    meta = state_metadata(checkpoint_path)
     subtree: dict[str, Any] = {}
-    for path, name, leaf in _variable_leaves(state_metadata(checkpoint_path)):
+    for path, name, leaf in _variable_leaves(meta):
         if wanted is None or name in wanted:
-            node = subtree
-            keys = [getattr(p, "key", getattr(p, "idx", p)) for p in path]
-            for key in keys[:-1]:
-                node = node.setdefault(key, {})
-            node[keys[-1]] = leaf
+            _put(subtree, [getattr(p, "key", getattr(p, "idx", p)) for p in path], leaf)
+    tables = {
+        name: entry for name, entry in _embedding_names(checkpoint_path, meta).items()
+        if wanted is None or name in wanted
+    }
+    for _, leaf, keys in tables.values():
+        _put(subtree, keys, leaf)
     if not subtree:
         return {}
     raw = restore_state_numpy(checkpoint_path, subtree)
-    return {name: np.asarray(leaf) for _, name, leaf in _variable_leaves(raw)}
+    out = {name: np.asarray(leaf) for _, name, leaf in _variable_leaves(raw)}
+    for name, (layout, _, keys) in tables.items():
+        node = raw
+        for key in keys:
+            node = node[key]
+        out[name] = layout.to_logical(node)
+    return out
 
+
+def _put(tree: dict[str, Any], keys: list[Any], leaf: Any) -> None:
+    node = tree
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = leaf
+
+
+def _embedding_names(checkpoint_path: str, meta: dict[str, Any]) -> dict[str, tuple[Any, Any, list[str]]]:
+    """name -> (row layout, saved metadata, path in the state) of each embedding table and slot
+    (`embedding/<table>`, `embedding/<table>/<slot>`); reads the small layout arrays."""
+    saved = meta.get(EMBEDDING) or {}
+    if not saved.get("layout"):
+        return {}
+    layout = restore_state_numpy(checkpoint_path, {EMBEDDING: {"layout": saved["layout"]}})
+    layouts = saved_layouts(layout[EMBEDDING]["layout"])
+    out = {}
+    for table, leaf in (saved.get("tables") or {}).items():
+        out[f"{EMBEDDING}/{table}"] = (layouts[table], leaf, [EMBEDDING, "tables", table])
+        for slot, slot_leaf in ((saved.get("slots") or {}).get(table) or {}).items():
+            out[f"{EMBEDDING}/{table}/{slot}"] = (layouts[table], slot_leaf, [EMBEDDING, "slots", table, slot])
+    return out

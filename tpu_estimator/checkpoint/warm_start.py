@@ -21,6 +21,7 @@ from tpu_estimator.api.checks import message
 from tpu_estimator.checkpoint.reader import load_variables
 from tpu_estimator.checkpoint.tf_checkpoint import tf_checkpoint_prefix, tf_variables
 from tpu_estimator.checkpoint.variables import GLOBAL_STEP, flatten, variable_name
+from tpu_estimator.model.state import EMBEDDING
 from tpu_estimator.paths import as_uri
 
 log = logging.getLogger("tpu_estimator")
@@ -117,7 +118,9 @@ def warm_start(variables: dict[str, Any], settings: WarmStartSettings, prev: dic
         from `prev`, or a shape mismatch; the message lists the viable names.
     """
     current = flatten(variables)
-    trainable = list(flatten({"params": variables.get("params", {})}))
+    # trainable: the parameters and whole embedding tables (`embedding/<table>`), as TF's were
+    tables = [n for n in flatten({EMBEDDING: variables.get(EMBEDDING, {})})]
+    trainable = list(flatten({"params": variables.get("params", {})})) + tables
     chosen = _selected(list(current), trainable, settings.vars_to_warm_start)
     renames = dict(settings.var_name_to_prev_var_name or {})
     unused = sorted(set(renames) - set(chosen))
@@ -157,13 +160,19 @@ def warm_start(variables: dict[str, Any], settings: WarmStartSettings, prev: dic
     return jax.tree_util.tree_map_with_path(lambda p, x: values.get(variable_name(p), x), variables)
 
 
-def apply_warm_start(state: Any, warm_start_from: Any, sharding: Any) -> Any:
-    """The fresh TrainState `state` warm-started as `warm_start_from` says (unchanged if None)."""
+def apply_warm_start(state: Any, warm_start_from: Any, sharding: Any, tables: Any = None) -> tuple[Any, Any]:
+    """The fresh TrainState `state` warm-started as `warm_start_from` says (unchanged if None),
+    and the whole embedding `tables` (name -> array, or None) warm-started the same way
+    (named `embedding/<table>`; their optimizer slots are not warm-started)."""
     settings = settings_of(warm_start_from)
     if settings is None:
-        return state
+        return state, tables
     prev = source_variables(settings.ckpt_to_initialize_from)
-    variables = warm_start(jax.device_get(state.variables), settings, prev)
+    variables = jax.device_get(state.variables)
+    if tables is not None:
+        variables[EMBEDDING] = dict(tables)
+    variables = warm_start(variables, settings, prev)
+    tables = variables.pop(EMBEDDING, None)
     variables = jax.device_put(variables, sharding)
     params = variables.pop("params", state.params)
-    return state.replace(params=params, collections={**state.collections, **variables})
+    return state.replace(params=params, collections={**state.collections, **variables}), tables

@@ -16,7 +16,7 @@ by rows over the N devices, so device d holds storage rows
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping
 
 import jax.numpy as jnp
 import numpy as np
@@ -63,3 +63,16 @@ class TableLayout:
             grid = storage.reshape(self.num_shards, self.rows_per_shard, *rest)
             storage = np.swapaxes(grid, 0, 1).reshape(self.storage_rows, *rest)
         return storage[: self.vocabulary_size]
+
+
+STRATEGIES = ("div", "mod")  # the strategy codes of a saved layout
+
+
+def saved_layouts(layout: Mapping[str, Any]) -> dict[str, TableLayout]:
+    """The row placement of each table of a saved `EmbeddingState.layout`
+    (table -> int32 `[vocabulary_size, num_shards, strategy]`)."""
+    out = {}
+    for name, code in layout.items():
+        vocabulary, shards, strategy = (int(v) for v in np.asarray(code).reshape(-1)[:3])
+        out[name] = TableLayout(vocabulary, shards, STRATEGIES[strategy])
+    return out

@@ -45,7 +45,7 @@ def state_specs(state: EmbeddingState) -> EmbeddingState:
     return EmbeddingState(
         tables={t: rows for t in state.tables},
         slots={t: {k: rows for k in s} for t, s in state.slots.items()},
-        shards=None if state.shards is None else P(),
+        layout=None if state.layout is None else {t: P() for t in state.layout},
     )
 
 

@@ -21,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.embedding.config import EmbeddingConfigSpec
+from tpu_estimator.embedding.layout import STRATEGIES, saved_layouts
 from tpu_estimator.embedding.lookup import Collectives, apply_local, lookup_local, table_layouts
 from tpu_estimator.embedding.updates import slot_initial_values
 
@@ -33,15 +34,16 @@ class EmbeddingState:
       tables: table name -> storage array.
       slots: table name -> {slot name -> storage array} (Adagrad: accumulator;
         Adam: m, v; FTRL: accumulator, linear; SGD: none).
-      shards: the number of shards N of the storage order (an int32 scalar, saved
-        with the tables: a checkpoint restored onto another device count converts
-        through the logical tables, which 'mod' cannot do without N); None in
-        states built by hand.
+      layout: table name -> int32 `[vocabulary_size, N, strategy]` (strategy 0
+        'div', 1 'mod'): the storage order, saved with the tables, so a checkpoint
+        read without the model (`tpu_estimator.load_variable`) or restored onto
+        another device count or strategy converts through the logical tables
+        (`saved_layouts`); None in states built by hand.
     """
 
     tables: dict[str, Any]
     slots: dict[str, dict[str, Any]]
-    shards: Any = None
+    layout: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +89,7 @@ class ShardedTables:
         return EmbeddingState(
             tables={t: s for t in self.spec.tables},
             slots={t: {k: s for k in names} for t in self.spec.tables},
-            shards=NamedSharding(self.mesh, P()),
+            layout={t: NamedSharding(self.mesh, P()) for t in self.spec.tables},
         )
 
     def build(self, key: jax.Array, dtype: Any = jnp.float32, *, with_slots: bool = True) -> EmbeddingState:
@@ -102,7 +104,7 @@ class ShardedTables:
             tables[name] = layouts[name].to_storage(jnp.asarray(logical, dtype))
             rows = (layouts[name].storage_rows, config.dimension)
             slots[name] = {k: jnp.full(rows, v, jnp.float32) for k, v in names.items()}
-        return EmbeddingState(tables, slots, shards=jnp.int32(self.num_shards))
+        return EmbeddingState(tables, slots, layout={t: jnp.asarray(c) for t, c in self.layout_code().items()})
 
     def init(self, key: jax.Array, dtype: Any = jnp.float32, *, with_slots: bool = True) -> EmbeddingState:
         """Tables from their initializers (the same values on any device count), slots at
@@ -110,15 +112,20 @@ class ShardedTables:
         build = lambda k: self.build(k, dtype, with_slots=with_slots)  # noqa: E731
         return jax.jit(build, out_shardings=self.state_shardings(with_slots))(key)
 
-    def logical(self, state: EmbeddingState, num_shards: int | None = None) -> dict[str, np.ndarray]:
+    def layout_code(self) -> dict[str, np.ndarray]:
+        """This placement's `EmbeddingState.layout`."""
+        code = STRATEGIES.index(self.spec.partition_strategy)
+        return {
+            t: np.asarray([c.vocabulary_size, self.num_shards, code], np.int32) for t, c in self.spec.tables.items()
+        }
+
+    def logical(self, state: EmbeddingState) -> dict[str, np.ndarray]:
         """table name (and `name/slot`) -> whole logical table on the host.
 
-        `state` may come from another device count (a checkpoint): its storage
-        order is read with `num_shards`, else its own `shards`, else this mesh's.
+        `state` may come from another device count or strategy (a checkpoint): its
+        storage order is read from its `layout` (None: this placement's).
         """
-        if num_shards is None:
-            num_shards = self.num_shards if state.shards is None else int(np.asarray(state.shards))
-        layouts = table_layouts(self.spec, num_shards)
+        layouts = self.layouts if state.layout is None else saved_layouts(state.layout)
         out = {t: layouts[t].to_logical(v) for t, v in state.tables.items()}
         for t, slots in (state.slots or {}).items():
             out.update({f"{t}/{k}": layouts[t].to_logical(v) for k, v in slots.items()})
@@ -145,7 +152,7 @@ class ShardedTables:
         return EmbeddingState(
             tables={t: put(t, t) for t in self.spec.tables},
             slots={t: {n: put(t, f"{t}/{n}") for n in names} for t in self.spec.tables},
-            shards=jax.device_put(np.int32(self.num_shards), NamedSharding(self.mesh, P())),
+            layout=jax.device_put(self.layout_code(), NamedSharding(self.mesh, P())),
         )
 
     # --- ops on global arrays (call inside or outside jit) ---
@@ -204,22 +211,34 @@ class ShardedTables:
         return state.replace(tables=tables, slots=slots)
 
 
-def whole_tables(spec: EmbeddingConfigSpec, saved: Any) -> dict[str, np.ndarray]:
+def whole_tables(saved: Mapping[str, Any], names: Any = None) -> dict[str, np.ndarray]:
     """table name -> the whole logical table, from a checkpoint's raw embedding state (nested
-    dicts of numpy arrays, any device count: its `shards` says the storage order)."""
-    if not saved or "shards" not in saved:
-        raise ValueError(
-            message(
-                "The checkpoint holds no embedding tables, but the estimator has an embedding_config_spec.",
-                f"saved embedding state={None if not saved else sorted(saved)}",
-                "Use a checkpoint trained with this embedding_config_spec.",
+    dicts of numpy arrays, from any device count or strategy: its `layout` says the storage
+    order); `names`: only those tables."""
+    layouts = saved_layouts(saved["layout"])
+    names = list(saved["tables"]) if names is None else list(names)
+    return {t: layouts[t].to_logical(saved["tables"][t]) for t in names}
+
+
+def check_fits(spec: EmbeddingConfigSpec, layout: Mapping[str, Any]) -> None:
+    """Raises unless every table of `spec` is in a saved `layout` with its vocabulary_size
+    (`layout` may hold Orbax's metadata instead of the arrays: then only the names count)."""
+    for name, config in spec.tables.items():
+        code = layout.get(name)
+        numeric = isinstance(code, (np.ndarray, np.generic, jax.Array))
+        if code is None or (numeric and int(np.asarray(code).reshape(-1)[0]) != config.vocabulary_size):
+            saved = {t: int(np.asarray(c).reshape(-1)[0]) if numeric else "?" for t, c in layout.items()}
+            raise ValueError(
+                message(
+                    f"The checkpoint has no embedding table {name!r} of vocabulary_size "
+                    f"{config.vocabulary_size}.",
+                    f"saved tables (vocabulary sizes): {saved}",
+                    "Use the embedding_config_spec the checkpoint was trained with, or a new model_dir.",
+                )
             )
-        )
-    layouts = table_layouts(spec, int(np.asarray(saved["shards"])))
-    return {t: layouts[t].to_logical(saved["tables"][t]) for t in spec.tables if t in saved["tables"]}
 
 
 def one_device_state(tables: Mapping[str, Any]) -> EmbeddingState:
     """An EmbeddingState of whole logical tables, as a one-device lookup reads them (one shard:
     the storage order is the logical order); no optimizer slots."""
-    return EmbeddingState(tables=dict(tables), slots={t: {} for t in tables}, shards=None)
+    return EmbeddingState(tables=dict(tables), slots={t: {} for t in tables}, layout=None)

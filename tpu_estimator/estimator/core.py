@@ -24,15 +24,8 @@ from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.api.run_config import RunConfig
 from tpu_estimator.checkpoint import integrity
-from tpu_estimator.checkpoint.manager import (
-    Checkpointer,
-    CheckpointRef,
-    restore_state_numpy,
-    split_checkpoint_path,
-    state_metadata,
-)
+from tpu_estimator.checkpoint.manager import Checkpointer, CheckpointRef, split_checkpoint_path
 from tpu_estimator.embedding.inputs import prepare_features
-from tpu_estimator.embedding.sharded import whole_tables
 from tpu_estimator.estimator.runtime import Runtime
 from tpu_estimator.feeding.host_batches import HostBatch, HostBatches
 from tpu_estimator.feeding.input_state import is_checkpointable, set_input_state
@@ -42,7 +35,7 @@ from tpu_estimator.loops.strategy import LoopStrategy
 from tpu_estimator.model.call import INPUT_FN_ARGS, accepted_args
 from tpu_estimator.model.module import BoundModel, bind_model
 from tpu_estimator.model.spec_view import SpecView, view_spec
-from tpu_estimator.model.state import EMBEDDING, TrainState
+from tpu_estimator.model.state import TrainState
 from tpu_estimator.parallel.layout import DataLayout
 from tpu_estimator.parallel.mesh import Topology
 from tpu_estimator.paths import as_uri
@@ -290,30 +283,6 @@ class Core:
         if ref is None and not train:
             log.warning("No checkpoint in %s: running with freshly initialised variables.", self.model_dir)
         return runtime.load_state(first, axes, ref)
-
-    def table_names(self) -> list[str]:
-        """The variable names of the embedding tables (`embedding/<table>`), whole tables."""
-        spec = self.embedding_config_spec
-        return [] if spec is None else [f"{EMBEDDING}/{t}" for t in spec.tables]
-
-    def read_table(self, checkpoint_path: str, name: str) -> Any:
-        """The whole logical table `name` (one of `table_names()`) of a checkpoint, saved on
-        any device count; reads only that table."""
-        table = name[len(EMBEDDING) + 1 :]
-        meta = state_metadata(checkpoint_path).get(EMBEDDING) or {}
-        tables = meta.get("tables") or {}
-        if table not in tables or "shards" not in meta:
-            raise ValueError(
-                message(
-                    "The checkpoint holds no such embedding table.",
-                    f"{name!r} in {checkpoint_path}, which has {sorted(tables)}",
-                    "Use a checkpoint trained with this embedding_config_spec.",
-                )
-            )
-        raw = restore_state_numpy(
-            checkpoint_path, {EMBEDDING: {"tables": {table: tables[table]}, "shards": meta["shards"]}}
-        )
-        return whole_tables(self.embedding_config_spec, raw[EMBEDDING])[table]
 
     def remember(self, state: TrainState) -> None:
         """Keeps the newest training state (the next call may start from it without a restore)."""

@@ -18,7 +18,7 @@ from tpu_estimator.checkpoint.manager import CheckpointRef, restore_state_numpy,
 from tpu_estimator.checkpoint.variables import flatten, variable_name
 from tpu_estimator.checkpoint.warm_start import apply_warm_start
 from tpu_estimator.embedding.replica import state_specs as embedding_specs
-from tpu_estimator.embedding.sharded import EmbeddingState
+from tpu_estimator.embedding.sharded import EmbeddingState, check_fits
 from tpu_estimator.feeding.host_batches import HostBatch
 from tpu_estimator.loops import evaluate as eval_loops
 from tpu_estimator.loops import predict as predict_loops
@@ -170,37 +170,25 @@ class Runtime:
         return state.replace(embedding=self._tables_from(raw, with_slots=False))
 
     def _tables_moved(self, ref: CheckpointRef) -> bool:
-        """The checkpoint's embedding tables were sharded over another number of devices (their
-        storage order differs: restoring goes through the logical tables)."""
+        """The checkpoint's embedding tables were sharded over another number of devices or
+        another partition strategy (their storage order differs: restoring goes through the
+        logical tables)."""
         if self.model.embedding is None:
             return False
-        meta = state_metadata(ref.path).get("embedding")
-        if not meta or "shards" not in meta:
-            raise ValueError(
-                message(
-                    "The checkpoint holds no embedding tables, but the estimator has an "
-                    "embedding_config_spec.",
-                    f"checkpoint {ref.path}",
-                    "Train with the same embedding_config_spec, or use a new model_dir.",
-                )
-            )
-        saved = restore_state_numpy(ref.path, {"embedding": {"shards": meta["shards"]}})
-        return int(np.asarray(saved["embedding"]["shards"])) != self.model.embedding.tables.num_shards
+        tables = self.model.embedding.tables
+        meta = (state_metadata(ref.path).get("embedding") or {}).get("layout")
+        check_fits(tables.spec, meta or {})  # (names the missing tables)
+        layout = restore_state_numpy(ref.path, {"embedding": {"layout": meta}})["embedding"]["layout"]
+        check_fits(tables.spec, layout)
+        mine = tables.layout_code()
+        return any(tuple(np.asarray(layout[t]).tolist()) != tuple(c.tolist()) for t, c in mine.items())
 
     def _tables_from(self, raw: dict[str, Any], *, with_slots: bool) -> EmbeddingState:
         """The embedding state of a raw (numpy) checkpoint placed on this topology."""
-        saved = raw.get("embedding")
+        saved = raw.get("embedding") or {}
         tables = self.model.embedding.tables
-        if not saved:
-            raise ValueError(
-                message(
-                    "The checkpoint holds no embedding tables, but the estimator has an "
-                    "embedding_config_spec.",
-                    f"saved state keys {sorted(raw)}",
-                    "Train with the same embedding_config_spec, or use a new model_dir.",
-                )
-            )
-        state = EmbeddingState(saved["tables"], saved.get("slots") or {}, saved.get("shards"))
+        check_fits(tables.spec, saved.get("layout") or {})
+        state = EmbeddingState(saved["tables"], saved.get("slots") or {}, saved.get("layout"))
         return tables.place(tables.logical(state), with_slots=with_slots)
 
     def _select_variables(self, needed: Any, saved: Any) -> dict[str, Any]:
@@ -231,7 +219,13 @@ class Runtime:
         (an optimizer whose state holds parameter values, e.g. an EMA, must see these)."""
         sh = self.program("init").state_shardings
         warm = self.core.warm_start_from
-        state = apply_warm_start(state, warm, {"params": sh.params, **sh.collections})
+        embedding = self.model.embedding
+        logical = None if warm is None or embedding is None else embedding.tables.logical(state.embedding)
+        tables = None if logical is None else {t: logical[t] for t in embedding.spec.tables}
+        state, tables = apply_warm_start(state, warm, {"params": sh.params, **sh.collections}, tables)
+        if tables is not None:  # the slots start fresh, as TF's warm start left them
+            placed = embedding.tables.place({**logical, **tables}, with_slots=state.opt_state is not None)
+            state = state.replace(embedding=placed)
         scaffold = self.spec.host_scaffold() if self.spec is not None else None
         init_fn = getattr(scaffold, "init_fn", None)
         if init_fn is not None:

@@ -183,15 +183,12 @@ class TPUEstimator:
 
     def get_variable_names(self) -> list[str]:
         """Names of the saved variables: `Dense_0/kernel`, `batch_stats/...`, `global_step`,
-        and `embedding/<table>` for each embedding table (the whole table)."""
-        path = self._core.newest_checkpoint().path
-        return [name for name, _ in list_variables(path)] + self._core.table_names()
+        `embedding/<table>` (whole tables) and `embedding/<table>/<slot>`."""
+        return [name for name, _ in list_variables(self._core.newest_checkpoint().path)]
 
     def get_variable_value(self, name: str) -> np.ndarray:
         """The saved value of variable `name` (see `get_variable_names`); reads only it."""
         path = self._core.newest_checkpoint().path
-        if name in self._core.table_names():
-            return self._core.read_table(path, name)
         names = [n for n, _ in list_variables(path)]
         if name not in names:
             raise ValueError(

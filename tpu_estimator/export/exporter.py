@@ -29,7 +29,7 @@ from tpu_estimator.api.serving_input import ServingInputReceiver
 from tpu_estimator.checkpoint import warm_start as ws
 from tpu_estimator.export import manifest as mf
 from tpu_estimator.checkpoint import flat_io as var_io
-from tpu_estimator.embedding.sharded import whole_tables
+from tpu_estimator.embedding.sharded import check_fits, whole_tables
 from tpu_estimator.model.state import EMBEDDING
 from tpu_estimator.paths import as_path, as_uri, is_local, join
 from tpu_estimator.version import __version__
@@ -216,7 +216,9 @@ def _variables(
     raw = ref.checkpointer.restore_raw(ref.step)
     variables = {"params": raw["params"], **dict(raw.get("collections") or {})}
     if core.embedding_config_spec is not None:  # whole tables: an export looks up on one device
-        variables[EMBEDDING] = whole_tables(core.embedding_config_spec, raw.get(EMBEDDING))
+        saved = raw.get(EMBEDDING) or {}
+        check_fits(core.embedding_config_spec, saved.get("layout") or {})
+        variables[EMBEDDING] = whole_tables(saved, core.embedding_config_spec.tables)
     return variables, int(ref.step)
 
 
