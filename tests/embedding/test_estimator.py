@@ -63,6 +63,15 @@ def make_batches(n, seed=0):
 BATCHES = make_batches(STEPS + 3)
 
 
+def cut(batch, n):
+    features, labels = batch
+    return {k: v[:n] for k, v in features.items()}, labels[:n]
+
+
+# evaluated and predicted: two full batches and a short one (padded; run example by example)
+UNEVEN = BATCHES[STEPS : STEPS + 2] + [cut(BATCHES[STEPS + 2], 20)]
+
+
 def model_fn(features, labels, mode, params):
     SEEN.append({k: tuple(v.shape) for k, v in features.items()})
     history = features["history"].reshape(features["history"].shape[0], -1)
@@ -116,8 +125,8 @@ def run(model_dir, use_tpu, spec=None):
     est = estimator(model_dir, use_tpu, spec)
     probe = StateProbe()
     est.train(train_input(BATCHES[:STEPS]), max_steps=STEPS, hooks=[probe])
-    evaluated = est.evaluate(train_input(BATCHES[STEPS:]), steps=3)
-    predicted = np.concatenate([p["y"] for p in est.predict(predict_input(BATCHES[:2]))])
+    evaluated = est.evaluate(train_input(UNEVEN))
+    predicted = np.concatenate([p["y"] for p in est.predict(predict_input(UNEVEN))])
     tables = {n: est.get_variable_value(n) for n in ("embedding/users", "embedding/items")}
     return est, probe.state, evaluated, predicted, tables
 
@@ -137,7 +146,7 @@ def test_8_replicas_equal_1_device(runs):
     np.testing.assert_allclose(eval8["loss"], eval1["loss"], rtol=1e-5)
     np.testing.assert_allclose(eval8["mse"], eval1["mse"], rtol=1e-5)
     np.testing.assert_allclose(pred8, pred1, rtol=1e-5, atol=1e-6)
-    assert pred8.shape == (2 * B,)  # predict yields one example at a time
+    assert pred8.shape == (2 * B + 20,)  # predict yields one example at a time
     for name in tables1:
         np.testing.assert_allclose(tables8[name], tables1[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
@@ -208,11 +217,11 @@ def test_checkpoint_moves_between_device_counts(tmp_path, strategy):
 
 def test_export_looks_up_on_one_device(runs, tmp_path):
     est, _, _, pred, tables = runs[8]
-    features = BATCHES[0][0]
+    features = UNEVEN[0][0]
     receiver = te.build_raw_serving_input_receiver_fn(features)
     path = est.export_saved_model(str(tmp_path / "export"), receiver)
     model = te.load_exported(path)
-    served = model.signatures["serving_default"](**features)["y"]
+    served = model.signatures["serving_default"](**UNEVEN[0][0])["y"]
     np.testing.assert_allclose(np.ravel(served), pred[:B], rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(te.load_variable(path, "embedding/items"), tables["embedding/items"])
 
@@ -263,3 +272,16 @@ def test_warm_start_copies_whole_tables(runs, tmp_path):
     np.testing.assert_array_equal(step0, tables["embedding/items"])
     np.testing.assert_array_equal(te.load_variable(str(tmp_path / "0"), "embedding/items/accumulator"),
                                   np.full((203, DIM), 0.1, np.float32))  # slots start fresh
+
+
+def test_model_parallel_replicas_look_up_like_1_device(runs, tmp_path):
+    """num_cores_per_replica=2: 4 replicas of 2 cores; the tables' rows split over the replicas."""
+    config = te.RunConfig(
+        model_dir=str(tmp_path), tpu_config=te.TPUConfig(iterations_per_loop=3, num_cores_per_replica=2)
+    )
+    est = te.TPUEstimator(
+        model_fn, config=config, use_tpu=True, train_batch_size=B, eval_batch_size=B,
+        embedding_config_spec=make_spec(),
+    )
+    est.train(train_input(BATCHES[:STEPS]), max_steps=STEPS)
+    np.testing.assert_allclose(est.evaluate(train_input(UNEVEN))["loss"], runs[1][2]["loss"], rtol=1e-5)
