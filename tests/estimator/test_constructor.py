@@ -22,7 +22,7 @@ CFG = te.RunConfig(log_step_count_steps=None)
         (dict(train_batch_size=None), ValueError, "`train_batch_size` cannot be None"),
         (dict(train_batch_size=0), ValueError, "`train_batch_size` must be a positive int"),
         (dict(export_saved_model_api_version=3), ValueError, "must be 1 or 2"),
-        (dict(embedding_config_spec=object()), ValueError, "not supported"),
+        (dict(embedding_config_spec=object()), TypeError, "must be a tpu_estimator.EmbeddingConfigSpec"),
     ],
 )
 def test_constructor_errors(kwargs, error, match):

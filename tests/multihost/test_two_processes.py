@@ -75,3 +75,18 @@ def test_input_from_host_zero_matches_one_host(tmp_path, monkeypatch, variable, 
     expected = np.load(f"{tmp_path / 'one.npz'}.predict0.npy")
     for i in range(2):  # each host yields the predictions of host 0's input
         np.testing.assert_allclose(np.load(f"{tmp_path / 'two.npz'}.predict{i}.npy"), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_embedding_tables_over_two_processes_match_one(tmp_path, monkeypatch):
+    """The tables' rows sharded over the 8 devices of two processes: ids gathered and
+    activations scattered across hosts; trains, evaluates (uneven hosts) and predicts as one."""
+    monkeypatch.setenv("WORKER_EMBEDDING", "1")
+    two = run(2, tmp_path / "a", 4, tmp_path / "two.npz")
+    one = run(1, tmp_path / "b", 4, tmp_path / "one.npz")
+    assert two["table"].shape == (37, 4)
+    for k in set(one) - {"procs"}:
+        np.testing.assert_allclose(two[k], one[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    per_host = [np.load(f"{tmp_path / 'two.npz'}.predict{i}.npy") for i in range(2)]
+    np.testing.assert_allclose(
+        np.concatenate(per_host), np.load(f"{tmp_path / 'one.npz'}.predict0.npy"), rtol=1e-5, atol=1e-6
+    )

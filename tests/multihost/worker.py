@@ -9,6 +9,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
@@ -16,9 +17,23 @@ import tpu_estimator as te  # noqa: E402
 
 X = np.random.RandomState(0).randn(256, 8).astype(np.float32)
 Y = (X.sum(1) > 0).astype(np.int32)
+# WORKER_EMBEDDING=1: the inputs carry ids [n, 3] of a 37-row table sharded over every device
+EMBEDDING = os.environ.get("WORKER_EMBEDDING") == "1"
+IDS = np.random.RandomState(1).randint(-1, 37, (256, 3))
+SPEC = te.EmbeddingConfigSpec(
+    feature_to_config_dict={"ids": te.FeatureConfig("ids")},
+    table_to_config_dict={"ids": te.TableConfig(37, 4)},
+    optimization_parameters=te.AdagradParameters(0.5),
+) if EMBEDDING else None
+
+
+def inputs(rows):
+    return {"x": X[rows], "ids": IDS[rows]} if EMBEDDING else X[rows]
 
 
 def model_fn(features, labels, mode, params):
+    if EMBEDDING:
+        features = jnp.concatenate([features["x"], features["ids"]], axis=1)
     logits = nn.Dense(2)(nn.relu(nn.Dense(16)(features)))
     if mode == te.ModeKeys.PREDICT:
         return te.TPUEstimatorSpec(mode, predictions={"logits": logits})
@@ -40,19 +55,20 @@ def eval_rows(input_context):
 def eval_input_fn(params, input_context):
     rows, b = eval_rows(input_context), params["batch_size"]
     for i in range(0, len(rows), b):
-        yield X[rows[i : i + b]], Y[rows[i : i + b]]
+        yield inputs(rows[i : i + b]), Y[rows[i : i + b]]
 
 
 def predict_input_fn(params, input_context):
     rows, b = eval_rows(input_context), params["batch_size"]
     for i in range(0, len(rows), b):
-        yield X[rows[i : i + b]]
+        yield inputs(rows[i : i + b])
 
 
 def input_fn(params, input_context):
     b, n, h = params["batch_size"], input_context.num_hosts, input_context.host_id
     for i in range(0, len(X), b * n):  # this host's rows of each global batch
-        yield X[i + h * b : i + (h + 1) * b], Y[i + h * b : i + (h + 1) * b]
+        rows = np.arange(i + h * b, i + (h + 1) * b)
+        yield inputs(rows), Y[rows]
 
 
 cluster = te.ClusterConfig(f"127.0.0.1:{port}", int(nproc), int(pid)) if int(nproc) > 1 else None
@@ -66,7 +82,9 @@ cfg = te.RunConfig(
         ],
     ),
 )
-est = te.TPUEstimator(model_fn, config=cfg, train_batch_size=16, eval_batch_size=16, predict_batch_size=16)
+est = te.TPUEstimator(
+    model_fn, config=cfg, train_batch_size=16, eval_batch_size=16, predict_batch_size=16, embedding_config_spec=SPEC
+)
 class FinalState(te.SessionRunHook):
     """Keeps the training state after the last loop (hooks may fetch "state")."""
 
@@ -87,6 +105,8 @@ np.save(f"{out}.predict{pid}.npy", logits)
 params = jax.tree.map(np.asarray, jax.device_get(final.state.params))
 if jax.process_index() == 0:
     flat = {"/".join(str(k.key) for k in p): v for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+    if EMBEDDING:
+        flat["table"] = est.get_variable_value("embedding/ids")
     np.savez(
         out, step=int(jax.device_get(final.state.step)), procs=jax.process_count(),
         eval_loss=result["loss"], eval_accuracy=result["accuracy"], **flat,

@@ -97,6 +97,7 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
+                multiprocessing_options=_this_process_alone() if read_only else ocp.options.MultiprocessingOptions(),
                 max_to_keep=max_to_keep or None,
                 keep_time_interval=keep_time,
                 create=not read_only,
@@ -238,6 +239,16 @@ def state_metadata(checkpoint_path: str) -> dict[str, Any]:
     return dict(getattr(tree, "tree", tree))
 
 
+def _this_process_alone() -> Any:
+    """Orbax options for reading on whichever process calls (list_variables, load_variable
+    on host 0 only): no barrier with the other processes, which may never join it."""
+    import orbax.checkpoint as ocp
+
+    return ocp.options.MultiprocessingOptions(
+        primary_host=jax.process_index(), active_processes={jax.process_index()}
+    )
+
+
 def restore_state_numpy(checkpoint_path: str, subtree: Any) -> Any:
     """The leaves of `subtree` (a part of `state_metadata(checkpoint_path)`) read as numpy arrays.
 
@@ -249,7 +260,9 @@ def restore_state_numpy(checkpoint_path: str, subtree: Any) -> Any:
     item = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), subtree)
     restore_args = jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), subtree)
     args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
-    with ocp.PyTreeCheckpointer() as checkpointer:
+    alone = _this_process_alone()
+    handler = ocp.PyTreeCheckpointHandler(multiprocessing_options=alone)
+    with ocp.Checkpointer(handler, multiprocessing_options=alone) as checkpointer:
         return checkpointer.restore(epath.Path(checkpoint_path) / _STATE, args=args)
 
 
