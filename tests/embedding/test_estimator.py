@@ -239,7 +239,7 @@ def test_not_an_embedding_config_spec_is_a_type_error(tmp_path):
 
 def test_partition_strategy_may_change_between_runs(tmp_path):
     """'div' then 'mod' on 8 devices trains as 'div' all along (the saved layout says the
-    storage order); a changed vocabulary_size is an error naming the table."""
+    storage order); a changed vocabulary_size or dimension is an error naming the table."""
     changed = tmp_path / "changed"
     estimator(changed, True, make_spec(strategy="div")).train(train_input(BATCHES[:3]), max_steps=3)
     mod = estimator(changed, True, make_spec(strategy="mod"))
@@ -258,6 +258,14 @@ def test_partition_strategy_may_change_between_runs(tmp_path):
     )
     with pytest.raises(ValueError, match=r"no embedding table 'items' of vocabulary_size 300.*'items': 203"):
         estimator(changed, True, bigger).evaluate(train_input(BATCHES[6:7]), steps=1)
+    wider = EmbeddingConfigSpec(
+        feature_to_config_dict=bigger.feature_to_config_dict,
+        table_to_config_dict={**bigger.table_to_config_dict, "items": TableConfig(203, DIM * 2)},
+        optimization_parameters=bigger.optimization_parameters,
+    )
+    for run in ("train", "evaluate"):  # before model_fn's dense layers see other input widths
+        with pytest.raises(ValueError, match=rf"table 'items' has dimension {DIM}, not {DIM * 2}"):
+            getattr(estimator(changed, True, wider), run)(train_input(BATCHES[6:7]), steps=1)
 
 
 def test_warm_start_copies_whole_tables(runs, tmp_path):

@@ -220,9 +220,10 @@ def whole_tables(saved: Mapping[str, Any], names: Any = None) -> dict[str, np.nd
     return {t: layouts[t].to_logical(saved["tables"][t]) for t in names}
 
 
-def check_fits(spec: EmbeddingConfigSpec, layout: Mapping[str, Any]) -> None:
+def check_fits(spec: EmbeddingConfigSpec, layout: Mapping[str, Any], tables: Mapping[str, Any] | None = None) -> None:
     """Raises unless every table of `spec` is in a saved `layout` with its vocabulary_size
-    (`layout` may hold Orbax's metadata instead of the arrays: then only the names count)."""
+    (`layout` may hold Orbax's metadata instead of the arrays: then only the names count)
+    and, given the saved `tables` (arrays or metadata with a shape), its dimension."""
     for name, config in spec.tables.items():
         code = layout.get(name)
         numeric = isinstance(code, (np.ndarray, np.generic, jax.Array))
@@ -233,6 +234,17 @@ def check_fits(spec: EmbeddingConfigSpec, layout: Mapping[str, Any]) -> None:
                     f"The checkpoint has no embedding table {name!r} of vocabulary_size "
                     f"{config.vocabulary_size}.",
                     f"saved tables (vocabulary sizes): {saved}",
+                    "Use the embedding_config_spec the checkpoint was trained with, or a new model_dir.",
+                )
+            )
+        saved = (tables or {}).get(name)
+        if saved is not None and tuple(saved.shape)[-1] != config.dimension:
+            raise ValueError(
+                message(
+                    f"The checkpoint's embedding table {name!r} has dimension {tuple(saved.shape)[-1]}, "
+                    f"not {config.dimension}.",
+                    f"TableConfig({config.vocabulary_size}, {config.dimension}) for a saved table of "
+                    f"dimension {tuple(saved.shape)[-1]}",
                     "Use the embedding_config_spec the checkpoint was trained with, or a new model_dir.",
                 )
             )

@@ -153,6 +153,7 @@ class Runtime:
             state = _fill(abstract.replace(embedding=None), {**raw, "embedding": None})
             state = jax.device_put(state, init.state_shardings.replace(embedding=None))
             return state.replace(embedding=self._tables_from(raw, with_slots=True))
+        embedding = None if abstract.embedding is None else self._tables_from(raw, with_slots=False)
         variables = self._select_variables(
             {"params": abstract.params, **abstract.collections},
             {"params": raw["params"], **dict(raw.get("collections") or {})},
@@ -165,9 +166,7 @@ class Runtime:
             rng=np.asarray(raw["rng"], np.uint32),
         )
         state = jax.device_put(state, init.state_shardings.replace(embedding=None))
-        if abstract.embedding is None:
-            return state
-        return state.replace(embedding=self._tables_from(raw, with_slots=False))
+        return state if embedding is None else state.replace(embedding=embedding)
 
     def _tables_moved(self, ref: CheckpointRef) -> bool:
         """The checkpoint's embedding tables were sharded over another number of devices or
@@ -176,8 +175,9 @@ class Runtime:
         if self.model.embedding is None:
             return False
         tables = self.model.embedding.tables
-        meta = (state_metadata(ref.path).get("embedding") or {}).get("layout")
-        check_fits(tables.spec, meta or {})  # (names the missing tables)
+        saved = state_metadata(ref.path).get("embedding") or {}
+        meta = saved.get("layout")
+        check_fits(tables.spec, meta or {}, saved.get("tables"))  # (names the missing tables)
         layout = restore_state_numpy(ref.path, {"embedding": {"layout": meta}})["embedding"]["layout"]
         check_fits(tables.spec, layout)
         mine = tables.layout_code()
@@ -187,7 +187,7 @@ class Runtime:
         """The embedding state of a raw (numpy) checkpoint placed on this topology."""
         saved = raw.get("embedding") or {}
         tables = self.model.embedding.tables
-        check_fits(tables.spec, saved.get("layout") or {})
+        check_fits(tables.spec, saved.get("layout") or {}, saved.get("tables"))
         state = EmbeddingState(saved["tables"], saved.get("slots") or {}, saved.get("layout"))
         return tables.place(tables.logical(state), with_slots=with_slots)
 
