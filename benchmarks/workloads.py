@@ -80,7 +80,9 @@ class DataParallel:
     the gradient all-reduce). On one device this is plain placement."""
 
     def __init__(self) -> None:
-        mesh = jax.make_mesh((jax.device_count(),), ("data",))
+        # Auto axes: newer JAX (0.12) makes Explicit ones by default, under which the
+        # plain per-example label gather of the loss needs an out_sharding.
+        mesh = jax.make_mesh((jax.device_count(),), ("data",), (jax.sharding.AxisType.Auto,))
         self.replicated = NamedSharding(mesh, P())
         self.batch = NamedSharding(mesh, P("data"))  # [B, ...]
         self.block = NamedSharding(mesh, P(None, "data"))  # [k, B, ...]: a scan block
