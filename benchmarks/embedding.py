@@ -1,0 +1,248 @@
+"""Large embeddings: tables sharded over 8 devices (ours) vs replicated tables + `jnp.take`.
+
+    .venv/bin/python benchmarks/embedding.py [--rounds N] [--quick]
+
+The same model and the same global batches, on 8 fake CPU devices: 4 tables
+(100,000 x 32, 50,000 x 32, 10,000 x 16, 1,000 x 16; `--quick` divides the
+vocabularies by 10), one feature each with 4, 2, 1 and 3 ids per example
+(padded with -1, combiner mean), an MLP on the concatenated activations, a
+sigmoid cross-entropy; Adagrad (learning rate 0.1) for every variable.
+
+- ours: `TPUEstimator(embedding_config_spec=...)`, whole `est.train()` calls
+  (after a warm-up call that compiles): each device holds 1/8 of every table
+  and slot; lookups and the lazy Adagrad update of the looked-up rows run in
+  the compiled loop.
+- reference: the obvious hand-written version: tables are ordinary parameters
+  replicated on every device, looked up with `jnp.take` (masked mean),
+  `optax.adagrad` on everything, data-parallel with `jax.jit` + NamedSharding
+  (XLA all-reduces the dense table gradients); timed as a per-step loop (each
+  batch `device_put`) and as a `lax.scan` loop over blocks stacked on the
+  host, the faster of the two being the reference (as in benchmarks/loops.py).
+
+Rounds are interleaved (the order rotates each round); printed: median
+ms/step and examples/sec with min-max, the per-round ratio of ours to the
+faster reference (> 1: ours faster), and the bytes of tables + optimizer
+slots each device holds, from the arrays' addressable shards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from workloads import set_device_count  # noqa: E402
+
+set_device_count(8)
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from jax import lax  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+import tpu_estimator as te  # noqa: E402
+
+TABLES = {"t0": (100_000, 32, 4), "t1": (50_000, 32, 2), "t2": (10_000, 16, 1), "t3": (1_000, 16, 3)}  # rows, dim, ids/example
+BATCH = 1024  # global
+STEPS = 50  # per timed call (= iterations_per_loop)
+POOL = 8  # distinct batches, reused in turn
+LR = 0.1
+
+
+def tables(quick: bool) -> dict[str, tuple[int, int, int]]:
+    return {k: (v // 10 if quick else v, d, w) for k, (v, d, w) in TABLES.items()}
+
+
+def make_batches(shapes: dict, n: int) -> list[tuple[dict, np.ndarray]]:
+    rng = np.random.RandomState(0)
+    distinct = []
+    for _ in range(min(n, POOL)):
+        features = {}
+        for name, (v, _, w) in shapes.items():
+            ids = rng.randint(0, v, (BATCH, w)).astype(np.int32)
+            ids[np.arange(w) >= rng.randint(1, w + 1, (BATCH, 1))] = -1  # 1..w ids per example
+            features[name] = ids
+        distinct.append((features, rng.randint(0, 2, BATCH).astype(np.float32)))
+    return [distinct[i % len(distinct)] for i in range(n)]
+
+
+class Head(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(1)(nn.relu(nn.Dense(64)(x)))[:, 0]
+
+
+def loss_of(logits, labels):
+    return optax.sigmoid_binary_cross_entropy(logits, labels).mean()
+
+
+# ---------------------------------------------------------------- ours
+
+
+def estimator(shapes: dict) -> te.TPUEstimator:
+    spec = te.EmbeddingConfigSpec(
+        feature_to_config_dict={name: te.FeatureConfig(name) for name in shapes},
+        table_to_config_dict={name: te.TableConfig(v, d) for name, (v, d, _) in shapes.items()},
+        optimization_parameters=te.AdagradParameters(LR),
+    )
+
+    def model_fn(features, labels, mode, params):
+        logits = Head()(jnp.concatenate([features[name] for name in shapes], axis=1))
+        return te.TPUEstimatorSpec(mode, loss=loss_of(logits, labels), train_op=optax.adagrad(LR))
+
+    config = te.RunConfig(
+        model_dir=tempfile.mkdtemp(prefix="bench_emb_"), save_checkpoints_secs=None, save_checkpoints_steps=None,
+        log_step_count_steps=None, save_summary_steps=None, tpu_config=te.TPUConfig(iterations_per_loop=STEPS),
+    )
+    return te.TPUEstimator(model_fn, config=config, train_batch_size=BATCH, embedding_config_spec=spec)
+
+
+class StateProbe(te.SessionRunHook):
+    """The training state after the last loop, as placed (for its per-device bytes)."""
+
+    state = None
+
+    def before_run(self, run_context):
+        return te.SessionRunArgs({"state": "state"})
+
+    def after_run(self, run_context, run_values):
+        self.state = run_values.results["state"]
+
+
+# ---------------------------------------------------------------- the hand-written reference
+
+
+def lookup(table, ids):
+    """Masked mean of the rows of `ids` [B, w] (-1: padding)."""
+    mask = (ids >= 0).astype(table.dtype)[..., None]
+    rows = jnp.take(table, jnp.maximum(ids, 0), axis=0) * mask
+    return rows.sum(1) / jnp.maximum(mask.sum(1), 1.0)
+
+
+class Replicated:
+    """Tables as replicated parameters; per-step and scan training loops."""
+
+    def __init__(self, shapes: dict, batch: tuple) -> None:
+        mesh = jax.make_mesh((8,), ("data",), (jax.sharding.AxisType.Auto,))
+        self.rep, self.data, self.block = (NamedSharding(mesh, s) for s in (P(), P("data"), P(None, "data")))
+        key = jax.random.PRNGKey(0)
+        embed = {k: jax.random.normal(jax.random.fold_in(key, i), (v, d)) / np.sqrt(d)
+                 for i, (k, (v, d, _)) in enumerate(shapes.items())}
+        width = sum(d for _, d, _ in shapes.values())
+        params = {"tables": embed, "head": Head().init(key, jnp.zeros((1, width)))["params"]}
+        self.tx = optax.adagrad(LR)
+        self.state = jax.device_put((params, self.tx.init(params)), self.rep)
+        self.names = list(shapes)
+
+        def step(state, batch):
+            (params, opt), (features, labels) = state, batch
+
+            def loss(p):
+                acts = jnp.concatenate([lookup(p["tables"][k], features[k]) for k in self.names], axis=1)
+                return loss_of(Head().apply({"params": p["head"]}, acts), labels)
+
+            value, grads = jax.value_and_grad(loss)(params)
+            updates, opt = self.tx.update(grads, opt, params)
+            return (optax.apply_updates(params, updates), opt), value
+
+        self.step = jax.jit(step, donate_argnums=0, out_shardings=(self.rep, self.rep))
+        self.scan = jax.jit(lambda s, blk: lax.scan(step, s, blk), donate_argnums=0, out_shardings=(self.rep, self.rep))
+
+    def per_step(self, batches: list) -> float:
+        """Keeps one step queued behind the running one: with more, XLA:CPU's 8 fake devices on
+        2 cores deadlock in the tables' all-reduce (its rendezvous aborts the process after
+        40 s; seen with 50 steps queued)."""
+        t = time.perf_counter()
+        state, loss = self.state, None
+        for b in batches:
+            previous = loss
+            state, loss = self.step(state, jax.device_put(b, self.data))
+            if previous is not None:
+                previous.block_until_ready()
+        jax.block_until_ready(loss)
+        self.state = state
+        return time.perf_counter() - t
+
+    def scanned(self, batches: list) -> float:
+        t = time.perf_counter()
+        block = jax.device_put(jax.tree.map(lambda *xs: np.stack(xs), *batches), self.block)
+        self.state, losses = self.scan(self.state, block)
+        jax.block_until_ready(losses)
+        return time.perf_counter() - t
+
+
+def per_device_bytes(arrays) -> int:
+    """The most bytes of `arrays` any one device holds."""
+    held = {}
+    for a in jax.tree.leaves(arrays):
+        for shard in a.addressable_shards:
+            held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
+    return max(held.values())
+
+
+# ---------------------------------------------------------------- driver
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="vocabularies / 10, 3 rounds")
+    args = parser.parse_args(argv)
+    rounds = 3 if args.quick else args.rounds
+    shapes = tables(args.quick)
+    batches = make_batches(shapes, STEPS)
+    t0 = time.perf_counter()
+
+    est, probe = estimator(shapes), StateProbe()
+    est.train(lambda params: iter(batches), steps=STEPS, hooks=[probe])  # warm-up: compiles
+    print(f"warm-up: ours {time.perf_counter() - t0:.0f} s", flush=True)
+    emb = probe.state.embedding  # (read now: the next call donates these buffers)
+    ours_bytes = per_device_bytes((emb.tables, emb.slots))
+    ref = Replicated(shapes, batches[0])
+    ref.per_step(batches[:2])
+    ref.scanned(batches)  # compiles the scan over a whole call's steps
+
+    def ours() -> float:
+        t = time.perf_counter()
+        est.train(lambda params: iter(batches), steps=STEPS)
+        return time.perf_counter() - t
+
+    contenders = {"ours (sharded)": ours, "replicated per-step": lambda: ref.per_step(batches),
+                  "replicated scan": lambda: ref.scanned(batches)}
+    seconds = {k: [] for k in contenders}
+    names = list(contenders)
+    for r in range(rounds):
+        for k in names[r % 3:] + names[: r % 3]:
+            seconds[k].append(contenders[k]())
+            print(f"  round {r + 1}: {k} {seconds[k][-1] / STEPS * 1e3:.1f} ms/step", flush=True)
+
+    print(f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} devices, global batch {BATCH}, "
+          f"{STEPS} steps per call, {rounds} interleaved rounds; tables (rows x dim, ids/example): "
+          + ", ".join(f"{v:,}x{d} ({w})" for v, d, w in shapes.values()))
+    print(f"{'contender':22} {'ms/step median [min-max]':>28} {'examples/s median':>18}")
+    for k, s in seconds.items():
+        ms = np.array(s) / STEPS * 1e3
+        print(f"{k:22} {np.median(ms):12.1f} [{ms.min():.1f}-{ms.max():.1f}]".ljust(52)
+              + f"{BATCH * 1e3 / np.median(ms):14,.0f}")
+    faster = np.minimum(seconds["replicated per-step"], seconds["replicated scan"])
+    ratio = faster / np.array(seconds["ours (sharded)"])
+    print(f"throughput ours / faster reference, per round: median {np.median(ratio):.2f} "
+          f"[{ratio.min():.2f}-{ratio.max():.2f}] (> 1: ours faster)")
+
+    ref_bytes = per_device_bytes((ref.state[0]["tables"], ref.state[1][0].sum_of_squares["tables"]))
+    logical = sum(v * d * 4 * 2 for v, d, _ in shapes.values())  # tables + one Adagrad slot, float32
+    print(f"tables + Adagrad slots per device: ours {ours_bytes / 2**20:.1f} MiB, replicated "
+          f"{ref_bytes / 2**20:.1f} MiB (all of them: {logical / 2**20:.1f} MiB); ratio {ours_bytes / ref_bytes:.3f}")
+    print(f"total {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
