@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tpu_estimator as te
+from tpu_estimator.export import saved_model
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "dlrm.py"
 
@@ -48,3 +49,16 @@ def test_the_server_answers_as_predict_and_the_export(out):
     exported = te.load_exported(out["export_dir"]).signatures["serving_default"](**out["features"])
     np.testing.assert_allclose(np.ravel(exported["probability"]), out["predicted"], rtol=1e-4, atol=1e-5)
     assert 0.0 < out["predicted"].min() and out["predicted"].max() < 1.0
+
+
+@pytest.mark.xfail(
+    saved_model.incompatibility() is not None, strict=True,
+    reason=f"TensorFlow cannot run this JAX's StableHLO: {saved_model.incompatibility()}",
+)
+def test_the_tensorflow_saved_model_answers_as_predict(out):
+    """The SavedModel beside the export (jax2tf) looks the 26 tables up as predict() did."""
+    import tensorflow as tf
+
+    signature = tf.saved_model.load(out["export_dir"], tags=["serve"]).signatures["serving_default"]
+    got = signature(**{k: tf.constant(v) for k, v in out["features"].items()})
+    np.testing.assert_allclose(got["probability"].numpy(), out["predicted"], rtol=1e-4, atol=1e-5)
