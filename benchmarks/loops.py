@@ -14,7 +14,10 @@ collectives, not a speed-up.
 Contenders per (workload, mode):
   per-step, scan  the hand-written loops of benchmarks/hand_loops.py (see there
                   for how each is written, and why the scan block is stacked
-                  inside the timed region, overlapped with the previous block)
+                  inside the timed region, overlapped with the previous block);
+                  training on several devices also as per-step/shard_map and
+                  scan/shard_map (each device's step on its slice, gradients
+                  pmean'ed): the faster of all forms is the reference
   estimator       whole `est.train(input_fn, steps=N)`, `est.evaluate(input_fn,
                   steps=N)` (accuracy as a TPUEstimator user writes it:
                   `eval_metrics=(metric_fn, [labels, logits])`, or with
@@ -87,7 +90,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import tpu_estimator as te  # noqa: E402
-from hand_loops import KINDS, reference  # noqa: E402
+from hand_loops import KINDS, SHARD_MAP_KINDS, reference  # noqa: E402
 from tpu_estimator import metrics  # noqa: E402
 from tpu_estimator.loops.compiles import count_compiles  # noqa: E402
 from workloads import DataParallel, make_batches, xent  # noqa: E402
@@ -166,12 +169,16 @@ def probe_rates(refs: dict, workload: dict) -> dict[str, float]:
     """Examples/sec of each reference on one block (`ipl` batches); the scan form first on
     a block of 2, and on a whole block only if that is not already over 2x slower."""
     ipl, b = workload["ipl"], workload["batch"]
-    probe = {"per-step": ipl * b / refs["per-step"](ipl)}
+    probe = {}
+    for step_kind in (k for k in refs if k.startswith("per-step")):
+        probe[step_kind] = ipl * b / refs[step_kind](ipl)
     short = min(2, ipl)
-    refs["scan"].prepare(short)
-    probe["scan"] = short * b / refs["scan"](short)
-    if probe["scan"] * 2 >= probe["per-step"] and short < ipl:
-        probe["scan"] = ipl * b / refs["scan"](ipl)
+    for scan_kind in (k for k in refs if k.startswith("scan")):
+        per_step = probe[scan_kind.replace("scan", "per-step")]
+        refs[scan_kind].prepare(short)
+        probe[scan_kind] = short * b / refs[scan_kind](short)
+        if probe[scan_kind] * 2 >= per_step and short < ipl:
+            probe[scan_kind] = ipl * b / refs[scan_kind](ipl)
     return probe
 
 
@@ -179,18 +186,19 @@ def measure(name: str, workload: dict, mode: str, est: te.TPUEstimator, dp: Data
     """Rounds of one (workload, mode): returns the row to print."""
     n = steps_for(workload, mode, args.quick)
     batches = make_batches(workload["shape"], workload["batch"], n, workload["pool"])
-    refs = {kind: reference(workload, batches, mode, kind, dp) for kind in KINDS}
+    kinds = KINDS + (SHARD_MAP_KINDS if mode == "train" and jax.device_count() > 1 else ())
+    refs = {kind: reference(workload, batches, mode, kind, dp) for kind in kinds}
     b = workload["batch"]
     probe = probe_rates(refs, workload)
     left_out = {k: v for k, v in probe.items() if v * 2 < max(probe.values())}
-    contenders = {k: refs[k] for k in KINDS if k not in left_out}
+    contenders = {k: refs[k] for k in kinds if k not in left_out}
     est_contender = EstimatorContender(est, mode, batches)
     contenders["estimator"] = est_contender.timed
     rates = {k: [] for k in contenders}
     for r in range(args.rounds):
         for k in list(contenders)[:: 1 if r % 2 == 0 else -1]:  # ABBA: linear drift cancels
             rates[k].append(n * b / contenders[k]())
-    refs_in = [k for k in KINDS if k in rates]
+    refs_in = [k for k in kinds if k in rates]
     paired = np.array([e / max(rates[k][i] for k in refs_in) for i, e in enumerate(rates["estimator"])])
     best = {k: max(v) for k, v in rates.items()}
     return dict(
@@ -218,6 +226,11 @@ def report(row: dict) -> float:
         + (f"  2nd-call compiled: {', '.join(second[1])}" if second[0] else ""),
         flush=True,
     )
+    extra = [k for k in SHARD_MAP_KINDS if k in row["best"] or k in row["left_out"]]
+    if extra:
+        print("     shard_map references (in the faster-reference ratio): " + ", ".join(
+            f"{k} {row['best'][k]:.0f}" if k in row["best"] else f"{k} ({row['left_out'][k]:.0f}, left out)"
+            for k in extra), flush=True)
     return median
 
 

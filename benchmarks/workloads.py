@@ -83,6 +83,7 @@ class DataParallel:
         # Auto axes: newer JAX (0.12) makes Explicit ones by default, under which the
         # plain per-example label gather of the loss needs an out_sharding.
         mesh = jax.make_mesh((jax.device_count(),), ("data",), (jax.sharding.AxisType.Auto,))
+        self.mesh = mesh
         self.replicated = NamedSharding(mesh, P())
         self.batch = NamedSharding(mesh, P("data"))  # [B, ...]
         self.block = NamedSharding(mesh, P(None, "data"))  # [k, B, ...]: a scan block
