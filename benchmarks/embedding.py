@@ -129,7 +129,7 @@ def lookup(table, ids):
 class Replicated:
     """Tables as replicated parameters; per-step and scan training loops."""
 
-    def __init__(self, shapes: dict, batch: tuple) -> None:
+    def __init__(self, shapes: dict) -> None:
         mesh = jax.make_mesh((8,), ("data",), (jax.sharding.AxisType.Auto,))
         self.rep, self.data, self.block = (NamedSharding(mesh, s) for s in (P(), P("data"), P(None, "data")))
         key = jax.random.PRNGKey(0)
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
     print(f"warm-up: ours {time.perf_counter() - t0:.0f} s", flush=True)
     emb = probe.state.embedding  # (read now: the next call donates these buffers)
     ours_bytes = per_device_bytes((emb.tables, emb.slots))
-    ref = Replicated(shapes, batches[0])
+    ref = Replicated(shapes)
     ref.per_step(batches[:2])
     ref.scanned(batches)  # compiles the scan over a whole call's steps
 

@@ -100,14 +100,21 @@ def _put(tree: dict[str, Any], keys: list[Any], leaf: Any) -> None:
     node[keys[-1]] = leaf
 
 
+def embedding_layout(checkpoint_path: str, meta: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The saved `EmbeddingState.layout` of checkpoint `<model_dir>/<step>` (whose
+    `state_metadata` is `meta`): table -> int32 `[vocabulary_size, shards, strategy]`;
+    empty without embedding tables. Reads only these small arrays."""
+    saved = (meta.get(EMBEDDING) or {}).get("layout")
+    if not saved:
+        return {}
+    return dict(restore_state_numpy(checkpoint_path, {EMBEDDING: {"layout": saved}})[EMBEDDING]["layout"])
+
+
 def _embedding_names(checkpoint_path: str, meta: dict[str, Any]) -> dict[str, tuple[Any, Any, list[str]]]:
     """name -> (row layout, saved metadata, path in the state) of each embedding table and slot
     (`embedding/<table>`, `embedding/<table>/<slot>`); reads the small layout arrays."""
     saved = meta.get(EMBEDDING) or {}
-    if not saved.get("layout"):
-        return {}
-    layout = restore_state_numpy(checkpoint_path, {EMBEDDING: {"layout": saved["layout"]}})
-    layouts = saved_layouts(layout[EMBEDDING]["layout"])
+    layouts = saved_layouts(embedding_layout(checkpoint_path, meta))
     out = {}
     for table, leaf in (saved.get("tables") or {}).items():
         out[f"{EMBEDDING}/{table}"] = (layouts[table], leaf, [EMBEDDING, "tables", table])

@@ -220,24 +220,22 @@ def whole_tables(saved: Mapping[str, Any], names: Any = None) -> dict[str, np.nd
     return {t: layouts[t].to_logical(saved["tables"][t]) for t in names}
 
 
-def check_fits(spec: EmbeddingConfigSpec, layout: Mapping[str, Any], tables: Mapping[str, Any] | None = None) -> None:
-    """Raises unless every table of `spec` is in a saved `layout` with its vocabulary_size
-    (`layout` may hold Orbax's metadata instead of the arrays: then only the names count)
-    and, given the saved `tables` (arrays or metadata with a shape), its dimension."""
+def check_fits(spec: EmbeddingConfigSpec, layout: Mapping[str, Any], tables: Mapping[str, Any]) -> None:
+    """Raises unless every table of `spec` is in a saved `layout` (its arrays) with its
+    vocabulary_size, and in the saved `tables` (arrays or metadata with a shape) with its
+    dimension."""
+    vocabularies = {t: layout.vocabulary_size for t, layout in saved_layouts(layout).items()}
     for name, config in spec.tables.items():
-        code = layout.get(name)
-        numeric = isinstance(code, (np.ndarray, np.generic, jax.Array))
-        if code is None or (numeric and int(np.asarray(code).reshape(-1)[0]) != config.vocabulary_size):
-            saved = {t: int(np.asarray(c).reshape(-1)[0]) if numeric else "?" for t, c in layout.items()}
+        if vocabularies.get(name) != config.vocabulary_size:
             raise ValueError(
                 message(
                     f"The checkpoint has no embedding table {name!r} of vocabulary_size "
                     f"{config.vocabulary_size}.",
-                    f"saved tables (vocabulary sizes): {saved}",
+                    f"saved tables (vocabulary sizes): {vocabularies}",
                     "Use the embedding_config_spec the checkpoint was trained with, or a new model_dir.",
                 )
             )
-        saved = (tables or {}).get(name)
+        saved = tables.get(name)
         if saved is not None and tuple(saved.shape)[-1] != config.dimension:
             raise ValueError(
                 message(

@@ -14,8 +14,8 @@ import numpy as np
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
-from tpu_estimator.checkpoint.manager import CheckpointRef, restore_state_numpy, state_metadata
-from tpu_estimator.checkpoint.variables import flatten, variable_name
+from tpu_estimator.checkpoint.manager import CheckpointRef, state_metadata
+from tpu_estimator.checkpoint.variables import embedding_layout, flatten, variable_name
 from tpu_estimator.checkpoint.warm_start import apply_warm_start
 from tpu_estimator.embedding.replica import state_specs as embedding_specs
 from tpu_estimator.embedding.sharded import EmbeddingState, check_fits
@@ -175,11 +175,9 @@ class Runtime:
         if self.model.embedding is None:
             return False
         tables = self.model.embedding.tables
-        saved = state_metadata(ref.path).get("embedding") or {}
-        meta = saved.get("layout")
-        check_fits(tables.spec, meta or {}, saved.get("tables"))  # (names the missing tables)
-        layout = restore_state_numpy(ref.path, {"embedding": {"layout": meta}})["embedding"]["layout"]
-        check_fits(tables.spec, layout)
+        meta = state_metadata(ref.path)
+        layout = embedding_layout(ref.path, meta)
+        check_fits(tables.spec, layout, (meta.get("embedding") or {}).get("tables") or {})
         mine = tables.layout_code()
         return any(tuple(np.asarray(layout[t]).tolist()) != tuple(c.tolist()) for t, c in mine.items())
 
@@ -187,7 +185,7 @@ class Runtime:
         """The embedding state of a raw (numpy) checkpoint placed on this topology."""
         saved = raw.get("embedding") or {}
         tables = self.model.embedding.tables
-        check_fits(tables.spec, saved.get("layout") or {}, saved.get("tables"))
+        check_fits(tables.spec, saved.get("layout") or {}, saved.get("tables") or {})
         state = EmbeddingState(saved["tables"], saved.get("slots") or {}, saved.get("layout"))
         return tables.place(tables.logical(state), with_slots=with_slots)
 

@@ -217,7 +217,7 @@ def _variables(
     variables = {"params": raw["params"], **dict(raw.get("collections") or {})}
     if core.embedding_config_spec is not None:  # whole tables: an export looks up on one device
         saved = raw.get(EMBEDDING) or {}
-        check_fits(core.embedding_config_spec, saved.get("layout") or {})
+        check_fits(core.embedding_config_spec, saved.get("layout") or {}, saved.get("tables") or {})
         variables[EMBEDDING] = whole_tables(saved, core.embedding_config_spec.tables)
     return variables, int(ref.step)
 
