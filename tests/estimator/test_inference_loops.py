@@ -84,3 +84,55 @@ def test_a_stop_drops_the_queued_loop(trained, data, strategy):
     hook = _StopAfter(1)
     preds = list(est.predict(batches_fn(x, None), hooks=[hook], yield_single_examples=False))
     assert hook.seen == [4] and len(preds) == 4
+
+
+def _model_fn_with(metric_fn):
+    """The test MLP, its eval_metrics' metric_fn replaced."""
+    import optax
+    from flax import linen as nn
+
+    def model_fn(features, labels, mode, params):
+        logits = nn.Dense(3)(nn.relu(nn.Dense(16)(features["x"])))
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+        if mode == te.ModeKeys.TRAIN:
+            return te.TPUEstimatorSpec(mode, loss=loss, train_op=optax.sgd(0.1))
+        return te.TPUEstimatorSpec(mode, loss=loss, eval_metrics=(metric_fn, [labels, logits]))
+
+    return model_fn
+
+
+@pytest.mark.parametrize("strategy", ["scan", "step"])
+def test_metric_fn_runs_in_the_program_when_it_traces(tmp_path, data, strategy):
+    """A metric_fn of jnp ops runs inside the programs (the host calls it only on the padded
+    final batch's real rows); one that needs values (numpy, float()) runs on the host on every
+    batch. Both give the same results: metric_fn sees one global batch at a time either way."""
+    from tpu_estimator import metrics
+
+    x, y = data  # 1,000 examples, batch 64: 15 full batches and one padded (40 real)
+    host_calls = {"traced": 0, "numpy": 0}
+
+    def traced(labels, logits):
+        host_calls["traced"] += isinstance(labels, np.ndarray)
+        top = logits.max(-1)
+        return {"accuracy": metrics.accuracy(labels, logits.argmax(-1)), "top_logit": metrics.mean(top),
+                "batch_max": metrics.mean(top.max())}  # a per-batch statistic: batches must stay whole
+
+    def numpy_only(labels, logits):
+        host_calls["numpy"] += 1
+        labels, logits = np.asarray(labels), np.asarray(logits)
+        top = logits.max(-1)
+        return {"accuracy": metrics.accuracy(labels, logits.argmax(-1)), "top_logit": metrics.mean(top),
+                "batch_max": metrics.mean(float(top.max()))}
+
+    tpu = te.TPUConfig(iterations_per_loop=4, loop_strategy=strategy)
+    results = {}
+    for name, fn in (("traced", traced), ("numpy", numpy_only)):
+        est = estimator(tmp_path, model_fn=_model_fn_with(fn), tpu_config=tpu, eval_batch_size=64)
+        if name == "traced":
+            est.train(batches_fn(x, y), max_steps=8)
+        results[name] = est.evaluate(batches_fn(x, y))
+    assert host_calls["traced"] == 1  # the padded batch
+    assert host_calls["numpy"] >= 16  # every batch (and tries to trace it that failed)
+    assert results["traced"].keys() == results["numpy"].keys()
+    for key, value in results["numpy"].items():
+        assert results["traced"][key] == pytest.approx(value, rel=1e-6), key

@@ -66,19 +66,21 @@ def evaluate(
     hook_runner.call_all(all_hooks, "begin")
     hook_runner.call_all(all_hooks, "after_create_session", core, None)
     global_step = int(jax.device_get(state.step))
+    strategy = core.loop_strategy.inference
+    size = inference.loop_size(core.config.tpu_config.iterations_per_loop_parsed)
     runner = inference.Runner(
         runtime.program, {"single": "eval", "loop": "eval_scan", "padded": "eval_examples"},
-        (state.program_variables, state.step, state.rng), strategy=core.loop_strategy.inference,
-        size=inference.loop_size(core.config.tpu_config.iterations_per_loop_parsed),
+        (state.program_variables, state.step, state.rng), strategy=strategy, size=size,
     )
+    blocks = inference.blocking(strategy, size, first, lambda b: b.tree, core.topology, batches.axes)
     evaluated = 0
-    with lockstep_feed(first, batches, lambda b: place(b.tree), steps=steps) as feed:
+    with lockstep_feed(first, batches, lambda b: place(b.tree), steps=steps, blocking=blocks) as feed:
         for done in runner.run(feed):
             ctx = RunContext(session=core)
             requests = [h.before_run(ctx) for h in all_hooks]
-            for step, out in runner.fetch(done):
-                acc.add(out, real_rows(step.counts, step.host.size), step.padded)
-                evaluated += 1
+            for fetched in runner.fetch(done):
+                acc.add(fetched)
+            evaluated += done.num_steps
             values = {"loss": acc.loss_so_far(), "global_step": global_step, "batches": evaluated}
             hook_runner.after_run(all_hooks, ctx, requests, values, global_step)
             if ctx.stop_requested:
@@ -91,6 +93,11 @@ def evaluate(
     return results
 
 
+def _flat(state: Any, lead: int) -> Any:
+    """`state` with its first `lead` axes (loop steps, replicas) made one."""
+    return jax.tree.map(lambda x: np.reshape(x, (-1, *np.shape(x)[lead:])), state)
+
+
 class _Accumulator:
     """Running loss and merged metric states over batches."""
 
@@ -100,32 +107,46 @@ class _Accumulator:
         self.count = 0
         self.states: dict[str, Metric] = {}
 
-    def add(self, out: dict[str, Any], real: np.ndarray, padded: bool) -> None:
-        """Adds one step's outputs; `real` masks the real rows (all hosts' rows, in order)."""
-        spec = self.runtime.spec
-        losses = np.asarray(out["loss"], np.float64)
-        n = int(real.sum())
-        if padded:  # per-example outputs: keep the real rows
-            self.loss_sum += float(losses[real].sum())
-            ops = {k: merge_stacked(jax.tree.map(lambda x: np.asarray(x)[real], v)) for k, v in out["ops"].items()}
-            tensors = jax.tree.map(lambda x: np.asarray(x)[real], out["tensors"])
+    def add(self, fetched: inference.Fetched) -> None:
+        """Adds one program's outputs (one batch, or a loop's batches stacked)."""
+        if not fetched.stacked and fetched.steps[0].padded:
+            self._add_padded(fetched.steps[0], fetched.out)
+            return
+        out, lead = fetched.out, 1 if fetched.stacked else 0
+        rows = np.array([s.counts.sum() for s in fetched.steps], np.float64)  # full batches
+        losses = np.asarray(out["loss"], np.float64).mean(axis=-1)  # each batch: mean over replicas
+        self.loss_sum += float(np.sum(losses * (rows if lead else rows[0])))
+        self.count += int(rows.sum())
+        self._merge({k: merge_stacked(_flat(v, lead + 1)) for k, v in out["ops"].items()})
+        if "states" in out:  # metric_fn ran in the program
+            self._merge({k: merge_stacked(v) if lead else v for k, v in out["states"].items()})
         else:
-            self.loss_sum += float(losses.mean()) * n
-            ops = {k: merge_stacked(v) for k, v in out["ops"].items()}
-            tensors = jax.tree.map(np.asarray, out["tensors"])
-        self.count += n
-        self._merge(ops)
-        if spec.metric_fn is not None:
-            got = spec.metric_fn(**tensors) if isinstance(tensors, dict) else spec.metric_fn(*tensors)
-            if not isinstance(got, dict):
-                raise TypeError(
-                    message(
-                        "metric_fn must return a dict of metric name -> tpu_estimator.metrics state.",
-                        f"{type(got).__name__}",
-                        "Return e.g. {'accuracy': metrics.accuracy(labels, predictions)}.",
-                    )
+            for _, one in fetched.per_step():
+                self._metric_fn(jax.tree.map(np.asarray, one["tensors"]))
+
+    def _add_padded(self, step: inference.Step, out: dict[str, Any]) -> None:
+        """A padded batch's per-example outputs: only the real rows count."""
+        real = real_rows(step.counts, step.host.size)
+        self.loss_sum += float(np.asarray(out["loss"], np.float64)[real].sum())
+        self.count += int(real.sum())
+        self._merge({k: merge_stacked(jax.tree.map(lambda x: np.asarray(x)[real], v)) for k, v in out["ops"].items()})
+        self._metric_fn(jax.tree.map(lambda x: np.asarray(x)[real], out["tensors"]))
+
+    def _metric_fn(self, tensors: Any) -> None:
+        """metric_fn on the host, on one batch's tensors."""
+        metric_fn = self.runtime.spec.metric_fn
+        if metric_fn is None:
+            return
+        got = metric_fn(**tensors) if isinstance(tensors, dict) else metric_fn(*tensors)
+        if not isinstance(got, dict):
+            raise TypeError(
+                message(
+                    "metric_fn must return a dict of metric name -> tpu_estimator.metrics state.",
+                    f"{type(got).__name__}",
+                    "Return e.g. {'accuracy': metrics.accuracy(labels, predictions)}.",
                 )
-            self._merge(got)
+            )
+        self._merge(got)
 
     def _merge(self, states: dict[str, Any]) -> None:
         for k, v in states.items():

@@ -1,16 +1,20 @@
 """The loops of `evaluate()` and `predict()`: batches in loops, one loop in flight ahead.
 
 Batches come from `lockstep_feed` (placed on the devices by its thread, in
-step on every host) and are grouped into loops of up to `iterations_per_loop`
-batches. A loop runs as one on-device program over its stacked batches
-(strategy "scan", `lax.map`) or as one queued program per batch ("step"); a
-padded final batch always runs alone (its own program). Outputs are copied
-to the host asynchronously (`copy_to_host_async`) as soon as a loop is
-dispatched, and the host reads loop L only after loop L+1 is queued: the
-devices compute while the host merges metrics or hands predictions out.
+step on every host) and are grouped into loops of about `iterations_per_loop`
+batches. With strategy "scan" a loop runs as on-device programs over stacked
+batches (`lax.map`): on one process the feeder thread stacks them on the host
+and places each block as one array (`feeding.lockstep.Block`, at most
+`MAX_CHUNK_BYTES` each, as training's chunks); on several, a loop's batches
+are stacked inside the program. With "step" each batch is its own queued
+program. A padded final batch always runs alone (its own program). Outputs
+are copied to the host asynchronously (`copy_to_host_async`) as soon as a
+program is dispatched, and the host reads loop L only after loop L+1 is
+queued: the devices compute while the host merges metrics or hands
+predictions out.
 
-A partial loop (fewer than `iterations_per_loop` full batches, at the end)
-runs batch by batch, so each call compiles at most one loop length. Hooks see
+Batches left at the end (fewer than a block, or a padded one) run batch by
+batch, so each call compiles at most one loop length. Hooks see
 one `before_run`/`after_run` per loop, as in train(); when one asks to stop,
 the loop already queued behind it is dropped unread: results cover exactly
 the loops up to the stop.
@@ -20,14 +24,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Union
 
 import jax
 import numpy as np
 
 from tpu_estimator.estimator import inflight
+from tpu_estimator.feeding.device import Placer, batch_specs, chunk_steps, stack
 from tpu_estimator.feeding.host_batches import HostBatch
+from tpu_estimator.feeding.lockstep import Block, Blocking
 from tpu_estimator.api.tpu_config import IterationsPerLoop
+from tpu_estimator.parallel.mesh import Topology
 
 # Loop length when iterations_per_loop is a duration (inference has no step count to time).
 TIMED_LOOP_BATCHES = 16
@@ -48,12 +55,44 @@ class Step:
 
 
 @dataclasses.dataclass
-class Dispatched:
-    """A loop whose programs are queued: each (index of its first step, number of steps,
-    device outputs); a program of several steps has its outputs stacked on a leading axis."""
+class Program:
+    """One queued program: its steps and device outputs (stacked on a leading axis of
+    len(steps) when `stacked`)."""
 
     steps: list[Step]
-    programs: list[tuple[int, int, Any]]
+    out: Any
+    stacked: bool
+
+
+@dataclasses.dataclass
+class Fetched:
+    """A program's outputs on the host."""
+
+    steps: list[Step]
+    out: Any
+    stacked: bool
+
+    def per_step(self) -> Iterator[tuple[Step, Any]]:
+        """(step, its outputs) in order."""
+        if not self.stacked:
+            yield self.steps[0], self.out
+            return
+        for i, step in enumerate(self.steps):
+            yield step, jax.tree.map(lambda x, i=i: x[i], self.out)
+
+
+@dataclasses.dataclass
+class Dispatched:
+    """A loop whose programs are queued."""
+
+    programs: list[Program]
+
+    @property
+    def num_steps(self) -> int:
+        return sum(len(p.steps) for p in self.programs)
+
+
+Unit = Union[Step, Block]
 
 
 def loop_size(ipl: IterationsPerLoop) -> int:
@@ -61,14 +100,36 @@ def loop_size(ipl: IterationsPerLoop) -> int:
     return ipl.value if ipl.unit == "count" else TIMED_LOOP_BATCHES
 
 
-def loops(feed: Iterator[tuple[HostBatch, Any, np.ndarray]], size: int) -> Iterator[list[Step]]:
-    """`lockstep_feed`'s steps in loops of up to `size` (the last may be shorter)."""
-    loop: list[Step] = []
-    for host, device, counts in feed:
-        loop.append(Step(host, device, counts))
-        if len(loop) == size:
+def blocking(
+    strategy: str, size: int, first: HostBatch, select: Callable[[HostBatch], Any], topology: Topology, axes: Any
+) -> Blocking | None:
+    """How the feeder stacks a "scan" loop's batches: blocks of at most MAX_CHUNK_BYTES of
+    what `select` takes of each batch (`axes`: its batch axes). None for "step"."""
+    if strategy != "scan" or size <= 1:
+        return None
+    per_batch = sum(np.asarray(x).nbytes for x in jax.tree.leaves(select(first)))
+    k = chunk_steps(size, per_batch)
+    if k <= 1:
+        return None
+    place = Placer(batch_specs(axes, leading=1), topology)
+    return Blocking(k, lambda hosts: place(stack([select(h) for h in hosts])))
+
+
+def loops(feed: Iterator[Any], size: int) -> Iterator[list[Unit]]:
+    """`lockstep_feed`'s steps and blocks in loops of at least `size` batches (the last
+    may be shorter; a block is never split)."""
+    loop: list[Unit] = []
+    count = 0
+    for item in feed:
+        if isinstance(item, Block):
+            loop.append(item)
+            count += len(item.hosts)
+        else:
+            loop.append(Step(*item))
+            count += 1
+        if count >= size:
             yield loop
-            loop = []
+            loop, count = [], 0
     if loop:
         yield loop
 
@@ -88,20 +149,25 @@ class Runner:
         self._size = size
         self._in_flight: collections.deque = collections.deque()
 
-    def run(self, feed: Iterator[tuple[HostBatch, Any, np.ndarray]]) -> Iterator[Dispatched]:
+    def run(self, feed: Iterator[Any]) -> Iterator[Dispatched]:
         """`feed`'s steps in loops of this runner's size, each yielded once the next is queued."""
         return pipelined(loops(feed, self._size), self)
 
-    def dispatch(self, loop: list[Step]) -> Dispatched:
+    def dispatch(self, loop: list[Unit]) -> Dispatched:
         """Queues `loop`'s programs and starts copying their outputs to the host."""
+        steps = [u for u in loop if isinstance(u, Step)]
+        if self._scan and len(steps) == len(loop) == self._size and not any(s.padded for s in steps):
+            # several processes: the batches of a full loop, stacked inside one program
+            return Dispatched([Program(steps, self._run("loop", [s.device for s in steps]), True)])
         programs = []
-        full = [s for s in loop if not s.padded]
-        if self._scan and len(full) == self._size:  # every batch full: one on-device loop
-            programs.append((0, len(full), self._run("loop", [s.device for s in full])))
-        else:
-            for i, s in enumerate(loop):
-                programs.append((i, 1, self._run("padded" if s.padded else "single", s.device)))
-        return Dispatched(loop, programs)
+        for u in loop:
+            if isinstance(u, Block):
+                counts = [np.array([h.num_real]) for h in u.hosts]
+                block_steps = [Step(h, None, c) for h, c in zip(u.hosts, counts)]
+                programs.append(Program(block_steps, self._run("loop", u.device), True))
+            else:
+                programs.append(Program([u], self._run("padded" if u.padded else "single", u.device), False))
+        return Dispatched(programs)
 
     def _run(self, kind: str, data: Any) -> Any:
         out = self._program(self._names[kind])(*self._args, data)
@@ -113,19 +179,13 @@ class Runner:
         return out
 
     @staticmethod
-    def fetch(done: Dispatched) -> list[tuple[Step, Any]]:
-        """Each step of the loop with its host outputs (waits for the loop's programs)."""
-        pairs = []
-        for first, k, out in done.programs:
-            host = jax.device_get(out)
-            if k == 1:
-                pairs.append((done.steps[first], host))
-            else:  # stacked over k batches
-                pairs.extend((done.steps[first + i], jax.tree.map(lambda x, i=i: x[i], host)) for i in range(k))
-        return pairs
+    def fetch(done: Dispatched) -> list[Fetched]:
+        """The loop's programs with their host outputs (waits for them)."""
+        outs = jax.device_get([p.out for p in done.programs])
+        return [Fetched(p.steps, out, p.stacked) for p, out in zip(done.programs, outs)]
 
 
-def pipelined(steps: Iterator[list[Step]], runner: Runner) -> Iterator[Dispatched]:
+def pipelined(steps: Iterator[list[Unit]], runner: Runner) -> Iterator[Dispatched]:
     """Dispatches each loop, and yields it once the next one is queued too (the last one at
     the end). A consumer that stops early leaves the loop queued behind it unread."""
     pending = None

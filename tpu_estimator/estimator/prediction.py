@@ -55,28 +55,31 @@ def _generate(core, input_fn, predict_keys, hooks, checkpoint_path, single) -> I
     topo = core.topology
     place = Placer(batch_specs(batches.axes[0]), topo)
     global_step = int(jax.device_get(state.step))
+    strategy = core.loop_strategy.inference
+    size = inference.loop_size(core.config.tpu_config.iterations_per_loop_parsed)
     runner = inference.Runner(
         runtime.program, {"single": "predict", "loop": "predict_scan", "padded": "predict"},
-        (state.program_variables, state.step, state.rng), strategy=core.loop_strategy.inference,
-        size=inference.loop_size(core.config.tpu_config.iterations_per_loop_parsed),
+        (state.program_variables, state.step, state.rng), strategy=strategy, size=size,
     )
+    blocks = inference.blocking(strategy, size, first, lambda b: b.features, topo, batches.axes[0])
     gathered = runtime.placement.outputs == "gather"  # several hosts: this host's rows, in its order
 
     hook_runner.call_all(all_hooks, "begin")
     hook_runner.call_all(all_hooks, "after_create_session", core, None)
     predicted = 0
-    with lockstep_feed(first, batches, lambda b: place(b.features)) as feed:
+    with lockstep_feed(first, batches, lambda b: place(b.features), blocking=blocks) as feed:
         for done in runner.run(feed):
             ctx = RunContext(session=core)
             requests = [h.before_run(ctx) for h in all_hooks]
             outputs = []
-            for step, out in runner.fetch(done):
-                preds = _select(out, predict_keys)
-                host = step.host
-                if gathered:
-                    start = topo.host_id * host.size
-                    preds = jax.tree.map(lambda x: np.asarray(x)[start : start + host.size], preds)
-                outputs.append(jax.tree.map(lambda x: np.asarray(x)[: host.num_real], preds))
+            for fetched in runner.fetch(done):
+                for step, out in fetched.per_step():
+                    preds = _select(out, predict_keys)
+                    host = step.host
+                    if gathered:
+                        start = topo.host_id * host.size
+                        preds = jax.tree.map(lambda x: np.asarray(x)[start : start + host.size], preds)
+                    outputs.append(jax.tree.map(lambda x: np.asarray(x)[: host.num_real], preds))
             predicted += len(outputs)
             values = {"global_step": global_step, "batches": predicted}
             hook_runner.after_run(all_hooks, ctx, requests, values, global_step)

@@ -70,17 +70,24 @@ class Runtime:
                 "scan": lambda: train_loops.scan_program(self.model, self.view, topo, place),
                 "step": lambda: train_loops.step_program(self.model, self.view, topo, place),
                 "eval": lambda: eval_loops.eval_program(
-                    self.model, self.view, topo, per_example=False, placement=place
+                    self.model, self.view, topo, per_example=False, placement=place, metric_fn=self._metric_fn
                 ),
                 "eval_examples": lambda: eval_loops.eval_program(
                     self.example_model, self.view, topo, per_example=True, placement=place
                 ),
-                "eval_scan": lambda: eval_loops.eval_scan_program(self.model, self.view, topo, place),
+                "eval_scan": lambda: eval_loops.eval_scan_program(
+                    self.model, self.view, topo, place, metric_fn=self._metric_fn
+                ),
                 "predict": lambda: predict_loops.predict_program(self.model, self.view, topo, place),
                 "predict_scan": lambda: predict_loops.predict_scan_program(self.model, self.view, topo, place),
             }
             self._programs[kind] = builders[kind]()
         return self._programs[kind]
+
+    @property
+    def _metric_fn(self) -> Callable[..., Any] | None:
+        spec = self.spec
+        return None if spec is None else spec.metric_fn
 
     @property
     def placement(self) -> Placement:

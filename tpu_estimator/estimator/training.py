@@ -28,6 +28,7 @@ from tpu_estimator.checkpoint.manager import check_writable
 from tpu_estimator.estimator import hook_runner, inflight, preemption, progress
 from tpu_estimator.estimator.runtime import Runtime
 from tpu_estimator.estimator.schedule import LoopSchedule
+from tpu_estimator.feeding import device
 from tpu_estimator.feeding.device import Placer, batch_specs, stack
 from tpu_estimator.feeding.host_batches import HostBatch
 from tpu_estimator.feeding.input_state import get_input_state
@@ -44,10 +45,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tpu_estimator")
 
-# Most bytes of stacked input one program receives; a longer loop is fed in chunks. With the
-# feeder one chunk ahead, ~2 chunks are alive: 32 MB kept an MLP's peak RSS at 1.22x a
-# hand-written per-step loop's (256 MB: 1.44x; benchmarks/memory.py).
-MAX_CHUNK_BYTES = 32 << 20
+# Most bytes of stacked input one program receives (tests lower it).
+MAX_CHUNK_BYTES = device.MAX_CHUNK_BYTES
 # Most batches in one chunk fed to per-step dispatch (each chunk is one hand-off between threads).
 STEP_CHUNK = 16
 
@@ -96,21 +95,6 @@ def check_steps(steps: Any, max_steps: Any) -> None:
             raise ValueError(message(f"Must specify {name} > 0.", f"{name}={value!r}"))
 
 
-def chunk_steps(size: int, per_batch: int) -> int:
-    """Steps per stacked chunk of a loop of `size` steps of `per_batch` bytes: at most
-    MAX_CHUNK_BYTES each, of equal length where a divisor of `size` allows it (one compiled
-    scan length), else of two lengths.
-
-    >>> chunk_steps(100, 800 << 10), chunk_steps(101, 800 << 10), chunk_steps(100, 1)
-    (25, 34, 100)
-    """
-    fewest = min(size, max(1, -(-size * per_batch // MAX_CHUNK_BYTES)))
-    for pieces in range(fewest, min(size, 2 * fewest) + 1):
-        if size % pieces == 0:
-            return size // pieces
-    return -(-size // fewest)
-
-
 def chunks(
     batches: Iterator[HostBatch],
     schedule: LoopSchedule,
@@ -142,7 +126,7 @@ def chunks(
                 limit, step_chunk = min(size - done, step_chunk), min(2 * step_chunk, STEP_CHUNK)
             else:
                 per_batch = sum(x.nbytes for x in jax.tree.leaves(first.tree))
-                limit = min(size - done, chunk_steps(size, per_batch))
+                limit = min(size - done, device.chunk_steps(size, per_batch, MAX_CHUNK_BYTES))
             group = [first, *itertools.islice(batches, limit - 1)]
             done += len(group)
             state = get_input_state(iterator)

@@ -4,14 +4,16 @@ Every program with collectives must run on every host the same number of
 times. On several hosts each step first gathers how many real examples each
 host has (`process_allgather`, a host-side collective); a host whose input
 ended feeds an all-padding batch until every host's has. On one process
-there is nothing to agree on.
+there is nothing to agree on, and the feeder may stack full batches into
+`Block`s placed as one array (the input of an on-device loop).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Union
 
 import jax
 import numpy as np
@@ -22,6 +24,23 @@ from tpu_estimator.feeding.prefetch import Prefetch
 Step = tuple[HostBatch, Any, np.ndarray]
 
 
+@dataclasses.dataclass
+class Block:
+    """Full batches of one process stacked on a new leading axis and placed as one array."""
+
+    hosts: list[HostBatch]
+    device: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocking:
+    """How the feeder stacks: `size` full batches per block, placed by `place` (a list of
+    host batches -> the stacked device array)."""
+
+    size: int
+    place: Callable[[list[HostBatch]], Any]
+
+
 @contextlib.contextmanager
 def lockstep_feed(
     first: HostBatch,
@@ -29,37 +48,59 @@ def lockstep_feed(
     place: Callable[[HostBatch], Any],
     *,
     steps: int | None = None,
-) -> Iterator[Iterator[Step]]:
+    blocking: Blocking | None = None,
+) -> Iterator[Iterator[Union[Step, Block]]]:
     """The steps of an evaluation or prediction: prefetched, placed by `place`, in lockstep.
 
     Yields an iterator of (host batch, device batch, every host's real count);
-    leaving the block stops the prefetch thread.
+    leaving the block stops the prefetch thread. With `blocking` on one process,
+    each run of `blocking.size` full batches comes as one `Block` instead (made on the
+    feeder thread); batches left over at the end (fewer, or padded) come one by one.
     """
-
-    def placed() -> Iterator[tuple[HostBatch, Any]]:
-        for i, batch in enumerate(itertools.chain([first], rest)):
-            if steps is not None and i >= steps:
-                return
-            yield batch, place(batch)
+    batches = itertools.islice(itertools.chain([first], rest), steps)
+    if blocking is not None and blocking.size > 1 and jax.process_count() == 1:
+        source: Iterator[Any] = _blocks(batches, place, blocking)
+    else:
+        source = ((batch, place(batch)) for batch in batches)
 
     def empty() -> tuple[HostBatch, Any]:
         pad = empty_like(first)
         return pad, place(pad)
 
-    feed = Prefetch(placed())
+    feed = Prefetch(source)
     try:
         yield in_lockstep(feed, empty)
     finally:
         feed.close()
 
 
+def _blocks(
+    batches: Iterator[HostBatch], place: Callable[[HostBatch], Any], blocking: Blocking
+) -> Iterator[Union[Block, tuple[HostBatch, Any]]]:
+    """Blocks of `blocking.size` full batches, then what is left one by one (runs on the
+    feeder thread: stacking and placing overlap the devices' work)."""
+    while True:
+        group = list(itertools.islice(batches, blocking.size))
+        if len(group) == blocking.size and all(b.num_real == b.size for b in group):
+            yield Block(group, blocking.place(group))
+            continue
+        for batch in group:
+            yield batch, place(batch)
+        return
+
+
 def in_lockstep(
-    pairs: Iterator[tuple[HostBatch, Any]], empty: Callable[[], tuple[HostBatch, Any]]
-) -> Iterator[Step]:
-    """Yields (host batch, device batch, real examples of every host, in host order)."""
+    pairs: Iterator[Any], empty: Callable[[], tuple[HostBatch, Any]]
+) -> Iterator[Union[Step, Block]]:
+    """Yields (host batch, device batch, real examples of every host, in host order), or a
+    `Block` as it comes (one process only)."""
     if jax.process_count() == 1:
-        for host, device in pairs:
-            yield host, device, np.array([host.num_real])
+        for item in pairs:
+            if isinstance(item, Block):
+                yield item
+            else:
+                host, device = item
+                yield host, device, np.array([host.num_real])
         return
     from jax.experimental import multihost_utils
 

@@ -7,7 +7,7 @@ from typing import Any, Callable
 import jax
 from jax import lax
 
-from tpu_estimator.loops.evaluate import stack
+from tpu_estimator.loops.evaluate import stacked
 from tpu_estimator.loops.embedded import looked_up
 from tpu_estimator.loops.replica import REPLICATED, Placement, over_replicas, replica_key, specs_of
 from tpu_estimator.model.module import BoundModel
@@ -45,8 +45,9 @@ def predict_program(
 def predict_scan_program(
     model: BoundModel, view: ViewFn, topology: Topology, placement: Placement = Placement()
 ) -> Callable[..., Any]:
-    """jit(variables, step, rng, [features] * k) -> predictions stacked over k batches, in one
-    program (`lax.map`): an on-device prediction loop."""
+    """jit(variables, step, rng, features) -> predictions stacked over k batches, in one
+    program (`lax.map`): an on-device prediction loop. `features`: stacked on a leading
+    axis of k, or a list of k batches' (stacked inside the program)."""
 
     def run(v: Any, s: Any, r: Any, blocks: Any) -> Any:
         features = placement.constrain((blocks, None), leading=1)[0]
@@ -60,7 +61,7 @@ def predict_scan_program(
         out_specs=placement.out_spec(1),
     )
 
-    def predict_loop(v: Any, s: Any, r: Any, batches: list[Any]) -> Any:
-        return sharded(v, s, r, stack(batches))
+    def predict_loop(v: Any, s: Any, r: Any, batches: Any) -> Any:
+        return sharded(v, s, r, stacked(batches))
 
     return jax.jit(predict_loop)

@@ -14,8 +14,8 @@ between machines or recompile in the middle of training:
   on the MLP benchmark).
 
 The choice is logged once and readable as `TPUEstimator.loop_strategy`; the
-user's "scan" or "step" always wins. Evaluation and prediction follow it,
-except "auto" on XLA:CPU (see `LoopStrategy.inference`).
+user's "scan" or "step" always wins. Evaluation and prediction follow it
+(`LoopStrategy.inference`).
 """
 
 from __future__ import annotations
@@ -91,15 +91,11 @@ class LoopStrategy:
 
     @property
     def inference(self) -> str:
-        """How evaluate() and predict() loops run: as training, except that "auto" on XLA:CPU
-        queues one program per batch. An inference loop's batches are placed one by one
-        (in step on every host) and stacked inside the program; on XLA:CPU that copy and
-        `lax.map` cost more than the dispatches they save (MLP evaluation measured ~15%
-        slower as one program per loop)."""
-        value = self.current
-        if self.setting == "auto" and (self._backend or jax.default_backend()) == "cpu":
-            return "step"
-        return value
+        """How evaluate() and predict() loops run: as training's. With "scan" the feeder
+        stacks a loop's batches on the host, as training's chunks (one process), so an
+        on-device loop costs no copy inside the program; MLP evaluation and prediction on
+        XLA:CPU measured faster so than with one program per batch (benchmarks/RESULTS.md)."""
+        return self.current
 
     def decide(self, iterations_per_loop: int | None, primitives: Iterable[str]) -> str:
         """Decides once (later calls return the decision) and logs it; returns the strategy."""
