@@ -108,7 +108,7 @@ def blocking(
     if strategy != "scan" or size <= 1:
         return None
     per_batch = sum(np.asarray(x).nbytes for x in jax.tree.leaves(select(first)))
-    import os; k = chunk_steps(size, per_batch, int(os.environ.get("CHUNK_MB", "32")) << 20)
+    k = chunk_steps(size, per_batch)
     if k <= 1:
         return None
     place = Placer(batch_specs(axes, leading=1), topology)
