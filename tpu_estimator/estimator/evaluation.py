@@ -107,7 +107,7 @@ class _Accumulator:
         self.count = 0
         self.states: dict[str, Metric] = {}
 
-    def add(self, fetched: inference.Fetched) -> None:
+    def add(self, fetched: inference.Program) -> None:
         """Adds one program's outputs (one batch, or a loop's batches stacked)."""
         if not fetched.stacked and fetched.steps[0].padded:
             self._add_padded(fetched.steps[0], fetched.out)
@@ -115,7 +115,7 @@ class _Accumulator:
         out, lead = fetched.out, 1 if fetched.stacked else 0
         rows = np.array([s.counts.sum() for s in fetched.steps], np.float64)  # full batches
         losses = np.asarray(out["loss"], np.float64).mean(axis=-1)  # each batch: mean over replicas
-        self.loss_sum += float(np.sum(losses * (rows if lead else rows[0])))
+        self.loss_sum += float(np.sum(losses * rows))
         self.count += int(rows.sum())
         self._merge({k: merge_stacked(_flat(v, lead + 1)) for k, v in out["ops"].items()})
         if "states" in out:  # metric_fn ran in the program

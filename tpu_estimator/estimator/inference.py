@@ -56,17 +56,8 @@ class Step:
 
 @dataclasses.dataclass
 class Program:
-    """One queued program: its steps and device outputs (stacked on a leading axis of
-    len(steps) when `stacked`)."""
-
-    steps: list[Step]
-    out: Any
-    stacked: bool
-
-
-@dataclasses.dataclass
-class Fetched:
-    """A program's outputs on the host."""
+    """One queued program: its steps and outputs (on the devices once dispatched, on the host
+    once fetched), stacked on a leading axis of len(steps) when `stacked`."""
 
     steps: list[Step]
     out: Any
@@ -162,8 +153,7 @@ class Runner:
         programs = []
         for u in loop:
             if isinstance(u, Block):
-                counts = [np.array([h.num_real]) for h in u.hosts]
-                block_steps = [Step(h, None, c) for h, c in zip(u.hosts, counts)]
+                block_steps = [Step(h, None, np.array([h.num_real])) for h in u.hosts]
                 programs.append(Program(block_steps, self._run("loop", u.device), True))
             else:
                 programs.append(Program([u], self._run("padded" if u.padded else "single", u.device), False))
@@ -179,10 +169,10 @@ class Runner:
         return out
 
     @staticmethod
-    def fetch(done: Dispatched) -> list[Fetched]:
-        """The loop's programs with their host outputs (waits for them)."""
+    def fetch(done: Dispatched) -> list[Program]:
+        """The loop's programs with their outputs on the host (waits for them)."""
         outs = jax.device_get([p.out for p in done.programs])
-        return [Fetched(p.steps, out, p.stacked) for p, out in zip(done.programs, outs)]
+        return [dataclasses.replace(p, out=out) for p, out in zip(done.programs, outs)]
 
 
 def pipelined(steps: Iterator[list[Unit]], runner: Runner) -> Iterator[Dispatched]:

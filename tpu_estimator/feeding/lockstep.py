@@ -58,7 +58,7 @@ def lockstep_feed(
     feeder thread); batches left over at the end (fewer, or padded) come one by one.
     """
     batches = itertools.islice(itertools.chain([first], rest), steps)
-    if blocking is not None and blocking.size > 1 and jax.process_count() == 1:
+    if blocking is not None and jax.process_count() == 1:
         source: Iterator[Any] = _blocks(batches, place, blocking)
     else:
         source = ((batch, place(batch)) for batch in batches)

@@ -17,6 +17,7 @@ per batch, up to float32 rounding on the device.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 import jax
@@ -29,6 +30,8 @@ from tpu_estimator.loops.replica import REPLICATED, Placement, over_replicas, re
 from tpu_estimator.model.module import BoundModel
 from tpu_estimator.model.spec_view import SpecView
 from tpu_estimator.parallel.mesh import Topology
+
+log = logging.getLogger("tpu_estimator")
 
 ViewFn = Callable[[Any], SpecView]
 
@@ -74,7 +77,9 @@ def on_device_metrics(metric_fn: Callable[..., Any] | None, out: dict[str, Any],
 
     try:
         states = (jax.vmap(call) if stacked else call)(out["tensors"])
-    except Exception:  # noqa: BLE001  (not traceable: the host runs it, and raises what is wrong)
+    except Exception as e:  # noqa: BLE001  (not traceable: the host runs it, and raises what is wrong)
+        log.info("metric_fn runs on the host, on each batch's fetched tensors: it does not trace (%s).",
+                 type(e).__name__)
         return out
     if not isinstance(states, dict) or not all(isinstance(v, Metric) for v in states.values()):
         return out
