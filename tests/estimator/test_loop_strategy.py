@@ -78,6 +78,16 @@ def test_auto_steps_a_convolution_on_cpu_and_any_model_at_one_iteration(tmp_path
         model_dir=str(tmp_path / "conv"), tpu_config=te.TPUConfig(iterations_per_loop=4)), train_batch_size=16)
     conv.train(batches_fn(x, y), steps=4)
     assert conv.loop_strategy == "step"
+    # Evaluation (forward only) loops on the device: its convolutions are not slow in a scan.
+    step_eval = te.TPUEstimator(conv_model_fn, config=te.RunConfig(
+        model_dir=str(tmp_path / "conv"), tpu_config=te.TPUConfig(iterations_per_loop=4, loop_strategy="step")),
+        train_batch_size=16, eval_batch_size=16)
+    conv = te.TPUEstimator(conv_model_fn, config=conv.config, train_batch_size=16, eval_batch_size=16)
+    with count_compiles() as compiles:
+        scanned = conv.evaluate(batches_fn(x, y), steps=5)
+    assert "evaluate_loop" in compiled_programs(compiles.names)
+    assert (conv.loop_strategy, conv.inference_loop_strategy) == ("step", "scan")
+    assert scanned == pytest.approx(step_eval.evaluate(batches_fn(x, y), steps=5), rel=1e-6)
     one = estimator(tmp_path / "one", tpu_config=te.TPUConfig(iterations_per_loop=1))
     one.train(batches_fn(x, y), steps=3)
     assert one.loop_strategy == "step"
@@ -88,8 +98,13 @@ def test_the_rule_per_backend():
 
     for backend in ("tpu", "gpu"):
         assert LoopStrategy("auto", backend).decide(100, {"conv_general_dilated"}) == "scan"
-    assert LoopStrategy("auto", "cpu").decide(100, {"conv_general_dilated"}) == "step"
-    assert LoopStrategy("step", "tpu").decide(100, set()) == "step"  # the user's choice wins
+    cpu_conv = LoopStrategy("auto", "cpu")
+    assert cpu_conv.inference == "auto"  # not decided yet
+    assert cpu_conv.decide(100, {"conv_general_dilated"}) == "step"
+    assert cpu_conv.inference == "scan"  # forward only: no slow gradient in the loop
+    assert LoopStrategy("auto", "cpu").decide(1, {"dot_general"}) == "step"
+    user = LoopStrategy("step", "tpu")
+    assert user.decide(100, set()) == "step" and user.inference == "step"  # the user's choice wins
 
 
 def test_step_loops_are_fed_in_growing_chunks_so_the_first_step_starts_at_once(tmp_path, data, monkeypatch):

@@ -125,9 +125,11 @@ class TPUConfig:
         program per step, dispatched by the host), or "auto": decided once,
         before the first loop, from the model: "step" at
         `iterations_per_loop=1` and on XLA:CPU for models with convolutions
-        (XLA:CPU runs them far slower inside `lax.scan`), else "scan". The
-        choice is logged and readable as `TPUEstimator.loop_strategy`. It
-        applies to evaluate() and predict() loops too.
+        (XLA:CPU runs their gradients far slower inside `lax.scan`), else
+        "scan"; evaluate() and predict() loops (no gradients) "scan" unless
+        `iterations_per_loop=1`. The choice is logged and training's is
+        readable as `TPUEstimator.loop_strategy`. "scan" or "step" applies
+        to every mode.
       partition_rules: (Not in the original.) With `num_cores_per_replica`:
         `(regex, PartitionSpec)` pairs; a parameter whose path (e.g.
         `Dense_0/kernel`) matches a regex (`re.search`, first match wins) is

@@ -154,6 +154,13 @@ class TPUEstimator:
         return self._core.loop_strategy.current
 
     @property
+    def inference_loop_strategy(self) -> str:
+        """How evaluate() and predict() loops run: "scan" or "step" ("auto" before the
+        first call); differs from `loop_strategy` where "auto" steps training only (XLA:CPU
+        and convolutions, see `TPUConfig.loop_strategy`)."""
+        return self._core.loop_strategy.inference
+
+    @property
     def preempted(self) -> bool:
         """True if the last `train()` call stopped early on a preemption notice (SIGTERM).
 

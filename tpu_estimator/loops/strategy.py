@@ -7,15 +7,18 @@ between machines or recompile in the middle of training:
 
 - `iterations_per_loop=1`: "step" (a loop is one step; a scan of one adds nothing);
 - not XLA:CPU (TPU, GPU): "scan", the on-device loop of the original;
-- XLA:CPU and the model convolves: "step". XLA:CPU runs a CNN's training
-  step ~25x slower inside `lax.scan`'s while loop than as a program of its
-  own (benchmarks/RESULTS.md: 33 vs 880 examples/sec);
+- XLA:CPU and the model convolves: "step" for training. XLA:CPU runs a
+  CNN's training step ~25x slower inside `lax.scan`'s while loop than as a
+  program of its own (benchmarks/RESULTS.md: 33 vs 880 examples/sec); the
+  slow part is the convolutions' gradient: evaluation and prediction (forward
+  only) still loop in "scan", measured as fast as or faster than one program
+  per batch on the CNN benchmark (1 and 8 devices, benchmarks/RESULTS.md);
 - XLA:CPU otherwise: "scan" (no per-step dispatch; measured as fast or faster
   on the MLP benchmark).
 
-The choice is logged once and readable as `TPUEstimator.loop_strategy`; the
-user's "scan" or "step" always wins. Evaluation and prediction follow it
-(`LoopStrategy.inference`).
+The choice is logged once and readable as `TPUEstimator.loop_strategy`
+(training's) and `LoopStrategy.inference` (evaluation's and prediction's);
+the user's "scan" or "step" always wins, for both.
 """
 
 from __future__ import annotations
@@ -48,8 +51,11 @@ def primitives_of(jaxpr: Any) -> frozenset[str]:
     return frozenset(found)
 
 
-def choose(backend: str, iterations_per_loop: int | None, primitives: Iterable[str]) -> tuple[str, str]:
-    """"auto"'s rule: (strategy, why). `iterations_per_loop` None: a time-based loop.
+def choose(
+    backend: str, iterations_per_loop: int | None, primitives: Iterable[str], *, training: bool = True
+) -> tuple[str, str]:
+    """"auto"'s rule: (strategy, why). `iterations_per_loop` None: a time-based loop;
+    `training` False: the rule of evaluation and prediction loops (no gradients).
 
     >>> choose("cpu", 100, {"dot_general", "conv_general_dilated"})[0]
     'step'
@@ -57,13 +63,15 @@ def choose(backend: str, iterations_per_loop: int | None, primitives: Iterable[s
     ('scan', 'scan')
     >>> choose("gpu", 1, {"dot_general"})[0]
     'step'
+    >>> choose("cpu", 100, {"conv_general_dilated"}, training=False)[0]
+    'scan'
     """
     if iterations_per_loop == 1:
         return "step", "iterations_per_loop=1: a loop is one step"
     if backend != "cpu":
         return "scan", f"backend {backend!r}: iterations_per_loop steps in one on-device program"
     slow = sorted(SLOW_IN_CPU_LOOPS.intersection(primitives))
-    if slow:
+    if slow and training:
         return "step", f"XLA:CPU runs {', '.join(slow)} far slower inside lax.scan: one program per step"
     return "scan", "XLA:CPU, no convolutions: iterations_per_loop steps in one program"
 
@@ -76,6 +84,7 @@ class LoopStrategy:
         self._backend = backend
         self._lock = threading.Lock()
         self._value: str | None = None if setting == "auto" else setting
+        self._inference: str | None = self._value
         self._logged = False
 
     @property
@@ -91,11 +100,14 @@ class LoopStrategy:
 
     @property
     def inference(self) -> str:
-        """How evaluate() and predict() loops run: as training's. With "scan" the feeder
-        stacks a loop's batches on the host, as training's chunks (one process), so an
-        on-device loop costs no copy inside the program; MLP evaluation and prediction on
-        XLA:CPU measured faster so than with one program per batch (benchmarks/RESULTS.md)."""
-        return self.current
+        """How evaluate() and predict() loops run: 'scan' or 'step' ('auto' until decided).
+        The user's setting, or "auto"'s rule without training's convolution exception. With
+        "scan" the feeder stacks a loop's batches on the host, as training's chunks (one
+        process), so an on-device loop costs no copy inside the program; MLP and CNN
+        evaluation and prediction on XLA:CPU measured faster so than with one program per
+        batch (benchmarks/RESULTS.md)."""
+        with self._lock:
+            return self._inference or "auto"
 
     def decide(self, iterations_per_loop: int | None, primitives: Iterable[str]) -> str:
         """Decides once (later calls return the decision) and logs it; returns the strategy."""
@@ -103,7 +115,14 @@ class LoopStrategy:
             if self._value is None:
                 backend = self._backend or jax.default_backend()
                 self._value, why = choose(backend, iterations_per_loop, primitives)
-                log.info("loop_strategy='auto' chose %r: %s.", self._value, why)
+                self._inference, why_inference = choose(backend, iterations_per_loop, primitives, training=False)
+                if self._inference == self._value:
+                    log.info("loop_strategy='auto' chose %r: %s.", self._value, why)
+                else:
+                    log.info(
+                        "loop_strategy='auto' chose %r for training: %s; %r for evaluation and prediction: %s.",
+                        self._value, why, self._inference, why_inference,
+                    )
             elif not self._logged:
                 log.info("loop_strategy=%r (set by TPUConfig).", self._value)
             self._logged = True
