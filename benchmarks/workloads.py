@@ -40,13 +40,19 @@ def cnn(x):
 
 
 # steps: batches per timed call of each mode (one train()/evaluate()/predict() call), long
-# enough that a call's fixed costs (train's final checkpoint, ~70 ms; a restore) stay small;
-# pool: distinct batches, reused in turn; ipl: iterations_per_loop and the scan block.
+# enough that a call's fixed costs stay small: train's final checkpoint (~110 ms on 8 fake
+# devices, ~70 ms on 1), evaluate/predict's checkpoint lookup, the first batch's placing
+# and the last one's fetch (~17 ms on 1 device). CNN training on 8 fake devices runs ~65
+# ms a step: 32 steps (2 s) left the final save (+ waiting for it, ~0.18 s) at ~8% of the
+# call and 96 steps at ~3% (measured 0.961 against 0.982 at 192), so train() takes 192
+# (~12 s there as the MLP's 800, ~30 s on 1 device); evaluate/predict take 192 (1.3 s a
+# call at 96 left ~1.3% fixed on 1 device). pool: distinct batches, reused in turn; ipl: iterations_per_loop and the
+# scan block.
 WORKLOADS = {
     "mlp": dict(net=mlp, shape=(28, 28), batch=256, pool=200, ipl=100,
                 steps={"train": 800, "evaluate": 1200, "predict": 1200}),
     "cnn": dict(net=cnn, shape=(32, 32, 3), batch=128, pool=48, ipl=8,
-                steps={"train": 32, "evaluate": 96, "predict": 96}),
+                steps={"train": 192, "evaluate": 192, "predict": 192}),
 }
 
 
