@@ -41,8 +41,9 @@ drift), the ratio of the best rounds, the per-round min-max, the mean and its
 standard error; and how many XLA programs the estimator's second call and its
 later calls compiled (`loops/compiles.count_compiles`; target 0).
 
-Time: the default (7 rounds) takes ~7 min per `--devices` value on the
-project's 2-core VM; `--quick` (a quarter of the batches, 3 rounds) ~1-2 min.
+Time: the default (7 rounds) takes ~18 min with `--devices 1` and ~35 with
+`--devices 8` on the project's 2-core VM (`--workloads`/`--modes` run a part);
+`--quick` (a quarter of the batches, 3 rounds) a few minutes.
 """
 
 from __future__ import annotations
