@@ -44,10 +44,10 @@ def cnn(x):
 # devices, ~70 ms on 1), evaluate/predict's checkpoint lookup, the first batch's placing
 # and the last one's fetch (~17 ms on 1 device). CNN training on 8 fake devices runs ~65
 # ms a step: 32 steps (2 s) left the final save (+ waiting for it, ~0.18 s) at ~8% of the
-# call and 96 steps at ~3% (measured 0.961 against 0.982 at 192), so train() takes 192
-# (~12 s there as the MLP's 800, ~30 s on 1 device); evaluate/predict take 192 (1.3 s a
-# call at 96 left ~1.3% fixed on 1 device). pool: distinct batches, reused in turn; ipl: iterations_per_loop and the
-# scan block.
+# call and 96 steps at ~3% (ratio 0.961, against 0.996 at 192), so train() takes 192
+# (~12 s there, as the MLP's 800; ~30 s on 1 device). Evaluate/predict take 192 too (at
+# 96, 1.3 s a call on 1 device, the fixed part was ~1.3%).
+# pool: distinct batches, reused in turn; ipl: iterations_per_loop and the scan block.
 WORKLOADS = {
     "mlp": dict(net=mlp, shape=(28, 28), batch=256, pool=200, ipl=100,
                 steps={"train": 800, "evaluate": 1200, "predict": 1200}),

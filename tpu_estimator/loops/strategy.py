@@ -70,9 +70,11 @@ def choose(
         return "step", "iterations_per_loop=1: a loop is one step"
     if backend != "cpu":
         return "scan", f"backend {backend!r}: iterations_per_loop steps in one on-device program"
-    slow = sorted(SLOW_IN_CPU_LOOPS.intersection(primitives))
+    slow = ", ".join(sorted(SLOW_IN_CPU_LOOPS.intersection(primitives)))
     if slow and training:
-        return "step", f"XLA:CPU runs {', '.join(slow)} far slower inside lax.scan: one program per step"
+        return "step", f"XLA:CPU runs the gradient of {slow} far slower inside lax.scan: one program per step"
+    if slow:
+        return "scan", f"XLA:CPU, {slow} without gradients: iterations_per_loop batches in one program"
     return "scan", "XLA:CPU, no convolutions: iterations_per_loop steps in one program"
 
 
