@@ -47,6 +47,7 @@ LAYERS = {
     "checkpoint": 0,
     "paths": 0,
     "embedding": 0,
+    "averaging": 0,
     "feeding": 1,
     "summary": 1,
     "loops": 1,
