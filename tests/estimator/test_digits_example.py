@@ -1,6 +1,8 @@
 """examples/digits.py (the demo's job) run as a program with its output piped, as CI or `> log`
 would: training logs TF1's `loss = ..., step = ...` lines (no terminal, no progress bar), and
-the export, served, answers TF Serving's `:classify` with the class labels."""
+the export, served, answers TF Serving's `:classify` with the class labels. TensorFlow is made
+unimportable in it (`sys.modules["tensorflow"] = None`), as in the demo's install (the
+`examples` extra has no TensorFlow): no SavedModel is written."""
 
 from __future__ import annotations
 
@@ -21,8 +23,14 @@ def run(tmp_path_factory):
     root = str(EXAMPLE.parents[1])
     env["PYTHONPATH"] = os.pathsep.join([root, env["PYTHONPATH"]]) if env.get("PYTHONPATH") else root
     model_dir = tmp_path_factory.mktemp("digits")
+    code = (
+        "import runpy, sys\n"
+        "sys.modules['tensorflow'] = None\n"
+        f"sys.argv = [{str(EXAMPLE)!r}, '--model_dir', {str(model_dir)!r}]\n"
+        f"runpy.run_path({str(EXAMPLE)!r}, run_name='__main__')\n"
+    )
     return subprocess.run(
-        [sys.executable, str(EXAMPLE), "--model_dir", str(model_dir)],
+        [sys.executable, "-c", code],
         capture_output=True, text=True, timeout=600, env=env, cwd=str(model_dir),
     )
 
