@@ -13,6 +13,9 @@ import sys
 import threading
 import time
 
+import flax.linen as nn
+import numpy as np
+import optax
 import pytest
 
 import tpu_estimator as te
@@ -86,14 +89,15 @@ def test_timeout_fn_false_waits_again_true_ends(tmp_path):
 
 
 def test_min_interval_secs_spaces_the_yields(tmp_path):
+    """Counted from the previous yield: the caller's work (here a save) counts toward it."""
     model_dir = str(tmp_path / "run")
     save_steps(model_dir, 1)
-    it = te.checkpoints_iterator(model_dir, min_interval_secs=0.5, timeout=0.2)
+    it = te.checkpoints_iterator(model_dir, min_interval_secs=1.5, timeout=0.2)
     assert next(it) == join(model_dir, "1")
-    save_steps(model_dir, 2)
     start = time.monotonic()
+    save_steps(model_dir, 2)
     assert next(it) == join(model_dir, "2")
-    assert time.monotonic() - start >= 0.45
+    assert time.monotonic() - start >= 1.45
     it.close()
 
 
@@ -109,3 +113,37 @@ def test_min_interval_secs_spaces_the_yields(tmp_path):
 def test_bad_arguments_are_named_at_the_call(kwargs, error, match):
     with pytest.raises(error, match=match):
         te.checkpoints_iterator(**kwargs)
+
+
+def model_fn(features, labels, mode, params):
+    logits = nn.Dense(2)(features["x"])
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    return te.TPUEstimatorSpec(mode, loss=loss, train_op=optax.sgd(0.1))
+
+
+def input_fn(params):
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        x = rng.normal(size=(params["batch_size"], 3)).astype(np.float32)
+        yield {"x": x}, (x[:, 0] > 0).astype(np.int32)
+
+
+def test_the_continuous_evaluation_recipe_with_train(tmp_path):
+    """docs/migrating.md's loop: an evaluator estimator on the trainer's model_dir evaluates each
+    checkpoint the iterator yields (`evaluate(checkpoint_path=...)`); train() runs between two
+    yields (the generator is lazy) and its new checkpoint comes next; `timeout_fn` ends the loop."""
+    config = te.RunConfig(model_dir=str(tmp_path / "run"), tpu_config=te.TPUConfig(iterations_per_loop=2),
+                          save_checkpoints_steps=2, log_step_count_steps=None)
+    trainer = te.TPUEstimator(model_fn, config=config, train_batch_size=16, eval_batch_size=16)
+    evaluator = te.TPUEstimator(model_fn, config=config, train_batch_size=16, eval_batch_size=16)
+    trainer.train(input_fn, max_steps=4)
+
+    def training_done():
+        return int(os.path.basename(evaluator.latest_checkpoint())) >= 6
+
+    evaluated = []
+    for path in te.checkpoints_iterator(config.model_dir, timeout=0.2, timeout_fn=training_done):
+        evaluated.append(evaluator.evaluate(input_fn, steps=1, checkpoint_path=path)["global_step"])
+        if evaluated == [4]:
+            trainer.train(input_fn, max_steps=6)
+    assert evaluated == [4, 6]
