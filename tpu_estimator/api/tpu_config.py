@@ -8,6 +8,7 @@ import re
 from typing import Any, Literal, NamedTuple, Sequence
 
 from tpu_estimator.api.checks import is_int, message, optional_positive_int, positive_int
+from tpu_estimator.api.keywords import suggest_keywords
 
 
 class InputPipelineConfig(enum.IntEnum):
@@ -94,6 +95,7 @@ def as_input_pipeline_config(value: Any, name: str) -> InputPipelineConfig:
     )
 
 
+@suggest_keywords
 @dataclasses.dataclass(frozen=True)
 class TPUConfig:
     """TPU-related configuration of `TPUEstimator` (seed `TPUConfig`).

@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from tpu_estimator.api.checks import message
+from tpu_estimator.api.keywords import suggest_keywords
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.api.run_config import RunConfig
 from tpu_estimator.checkpoint.reader import list_variables, load_variable
@@ -21,6 +22,7 @@ from tpu_estimator.parallel.distributed import initialize_cluster
 log = logging.getLogger("tpu_estimator")
 
 
+@suggest_keywords
 class TPUEstimator:
     """Trains, evaluates, predicts and exports a `model_fn` on every device.
 
@@ -431,6 +433,7 @@ class TPUEstimator:
         )
 
 
+@suggest_keywords
 class Estimator(TPUEstimator):
     """The same engine on one CPU device, with no batch splitting.
 
