@@ -44,7 +44,7 @@ MESHES = {
 }
 
 
-def make_spec(combiner="mean", optimizer=None, strategy="div", **kw):
+def make_spec(combiner="mean", optimizer=None, strategy="div", big=None, small=None, **kw):
     return EmbeddingConfigSpec(
         feature_to_config_dict={
             "bag": FeatureConfig("big", weight_key="bag_w"),
@@ -53,8 +53,8 @@ def make_spec(combiner="mean", optimizer=None, strategy="div", **kw):
             "small": FeatureConfig("small"),
         },
         table_to_config_dict={
-            "big": TableConfig(V_BIG, DIM, combiner=combiner),
-            "small": TableConfig(V_SMALL, DIM, combiner="sum"),
+            "big": TableConfig(V_BIG, DIM, combiner=combiner, **(big or {})),
+            "small": TableConfig(V_SMALL, DIM, combiner="sum", **(small or {})),
         },
         optimization_parameters=optimizer or StochasticGradientDescentParameters(0.5),
         partition_strategy=strategy,
@@ -301,3 +301,35 @@ def test_state_moves_between_device_counts():
             np.testing.assert_allclose(after[name][k], after["8"][k], **TOL, err_msg=f"{name}: {k}")
     with pytest.raises(KeyError, match=r"incomplete.*missing=\['big/linear'"):
         st8.place({k: v for k, v in saved.items() if k != "big/linear"})
+
+
+def test_per_table_learning_rates_replace_the_optimizers():
+    """TableConfig(learning_rate=...) / (learning_rate_fn=...) as the original's: each table
+    steps as if the optimizer had that learning rate; other tables keep the optimizer's."""
+    own = make_spec(
+        "sum", AdagradParameters(0.3, initial_accumulator=0.2),
+        big=dict(learning_rate_fn=lambda step: 0.05 * (step + 1)), small=dict(learning_rate=0.7),
+    )
+    batches = [make_batch(0), make_batch(1)]
+    _, _, after, _ = run(own, "8", batches, steps=2)
+    as_fn = make_spec("sum", AdagradParameters(lambda step: 0.05 * (step + 1), initial_accumulator=0.2))
+    as_number = make_spec("sum", AdagradParameters(0.7, initial_accumulator=0.2))
+    _, _, by_fn, _ = run(as_fn, "1", batches, steps=2)
+    _, _, by_number, _ = run(as_number, "1", batches, steps=2)
+    for k in after:
+        expected = by_number if k.startswith("small") else by_fn
+        np.testing.assert_allclose(after[k], expected[k], **TOL, err_msg=k)
+
+
+def test_table_config_learning_rate_is_checked_and_table_id_names_the_table():
+    with pytest.raises(ValueError, match="at most one of `learning_rate` and `learning_rate_fn`"):
+        TableConfig(8, 2, learning_rate=0.1, learning_rate_fn=lambda step: 0.1)
+    with pytest.raises(ValueError, match="learning_rate=-1"):
+        TableConfig(8, 2, learning_rate=-1)
+    with pytest.raises(TypeError, match="learning_rate_fn"):
+        TableConfig(8, 2, learning_rate_fn=0.1)
+    assert FeatureConfig(table_id="big").table == "big"
+    with pytest.raises(ValueError, match="not both"):
+        FeatureConfig("big", table_id="small")
+    with pytest.raises(TypeError, match="must name a table"):
+        FeatureConfig()

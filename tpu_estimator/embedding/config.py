@@ -43,6 +43,10 @@ class TableConfig:
         'sum' or 'sqrtn' (weighted sum over the root of the sum of squared weights).
       name: The table's name (used when a `FeatureConfig` holds this object and
         no `table_to_config_dict` names it).
+      learning_rate: This table's learning rate (a positive number), in place
+        of the embedding optimizer's; None: the optimizer's, as the original.
+      learning_rate_fn: This table's learning rate as a function of the global
+        step (an int32 scalar, traced), as the original's; at most one of the two.
 
     Example:
       >>> from tpu_estimator.embedding import TableConfig
@@ -55,8 +59,11 @@ class TableConfig:
     initializer: Initializer | None = None
     combiner: Literal["sum", "mean", "sqrtn"] = "mean"
     name: str | None = None
+    learning_rate: float | None = None
+    learning_rate_fn: Callable[[Any], Any] | None = None
 
     def __post_init__(self) -> None:
+        self._check_learning_rate()
         for field in ("vocabulary_size", "dimension"):
             value = getattr(self, field)
             if not is_int(value) or value < 1:
@@ -88,6 +95,33 @@ class TableConfig:
     def init_fn(self) -> Initializer:
         return self.initializer or default_initializer(self.dimension)
 
+    def learning_rate_at(self, step: Any) -> Any:
+        """This table's learning rate at `step`, or None (the optimizer's applies)."""
+        if self.learning_rate_fn is not None:
+            return self.learning_rate_fn(step)
+        return self.learning_rate
+
+    def _check_learning_rate(self) -> None:
+        if self.learning_rate is not None and self.learning_rate_fn is not None:
+            raise ValueError(
+                message(
+                    "`TableConfig` takes at most one of `learning_rate` and `learning_rate_fn`.",
+                    f"learning_rate={self.learning_rate!r}, learning_rate_fn={self.learning_rate_fn!r}",
+                    "Pass a number, or a function of the global step, not both.",
+                )
+            )
+        lr = self.learning_rate
+        if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0):
+            raise ValueError(
+                message("`TableConfig(learning_rate=...)` must be a positive number or None.",
+                        f"learning_rate={lr!r}")
+            )
+        if self.learning_rate_fn is not None and not callable(self.learning_rate_fn):
+            raise TypeError(
+                message("`TableConfig(learning_rate_fn=...)` must be a function of the global step, or None.",
+                        f"learning_rate_fn={self.learning_rate_fn!r}")
+            )
+
 
 @suggest_keywords
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +129,10 @@ class FeatureConfig:
     """One embedding feature: which table its ids index, and its shape.
 
     Args:
-      table: The table, by its key in `table_to_config_dict` (the original's
-        `table_id`) or as the `TableConfig` itself.
+      table: The table, by its key in `table_to_config_dict` or as the
+        `TableConfig` itself.
+      table_id: The original's name for `table` (a key of
+        `table_to_config_dict`); give one of the two.
       max_sequence_length: 0: the ids of an example are combined into one
         `[dimension]` vector. Positive: a sequence feature; model_fn gets
         `[batch, max_sequence_length, dimension]`, one row per position.
@@ -104,11 +140,22 @@ class FeatureConfig:
         the ids), or None for weight 1.
     """
 
-    table: str | TableConfig
+    table: str | TableConfig | None = None
     max_sequence_length: int = 0
     weight_key: str | None = None
+    table_id: str | None = None
 
     def __post_init__(self) -> None:
+        if self.table_id is not None:
+            if self.table is not None and self.table != self.table_id:
+                raise ValueError(
+                    message(
+                        "`FeatureConfig` takes the table as `table` or as `table_id` (the original's name), "
+                        "not both.",
+                        f"table={self.table!r}, table_id={self.table_id!r}",
+                    )
+                )
+            object.__setattr__(self, "table", self.table_id)  # the one field the rest reads
         if not isinstance(self.table, (str, TableConfig)):
             raise TypeError(
                 message(

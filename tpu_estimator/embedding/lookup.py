@@ -193,6 +193,7 @@ def apply_local(
     new_tables, new_slots = {}, {}
     for table in spec.tables:
         local, local_slots = tables[table], slots.get(table, {})
+        lr = spec.tables[table].learning_rate_at(step)  # None: the optimizer's
         unique, grads = row_gradients_local(spec, coll, table, ids, weights, activation_grads, grad_scale)
         grads = updates.prepare_gradients(
             opt, grads, step, clipping_limit=spec.clipping_limit,
@@ -200,7 +201,7 @@ def apply_local(
         )
         if isinstance(opt, AdamParameters) and not opt.lazy_adam:
             dense = jnp.zeros(local.shape, jnp.float32).at[unique].add(grads, mode="drop")
-            new_rows, new_s = updates.update(opt, local.astype(jnp.float32), local_slots, dense, step)
+            new_rows, new_s = updates.update(opt, local.astype(jnp.float32), local_slots, dense, step, lr)
             new_tables[table] = new_rows.astype(local.dtype)
             new_slots[table] = new_s
             continue
@@ -210,7 +211,7 @@ def apply_local(
             return a.at[unique].get(mode="fill", fill_value=fill).astype(jnp.float32)
 
         rows, row_slots = take(local, 0.0), {k: take(v, 1.0) for k, v in local_slots.items()}
-        new_rows, new_s = updates.update(opt, rows, row_slots, grads, step)
+        new_rows, new_s = updates.update(opt, rows, row_slots, grads, step, lr)
         new_tables[table] = local.at[unique].set(new_rows.astype(local.dtype), mode="drop")
         new_slots[table] = {
             k: local_slots[k].at[unique].set(v.astype(local_slots[k].dtype), mode="drop") for k, v in new_s.items()

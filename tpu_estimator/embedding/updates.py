@@ -59,9 +59,13 @@ def prepare_gradients(
     return grads
 
 
-def update(params: Any, rows: Any, slots: Slots, grads: Any, step: Any) -> tuple[Any, Slots]:
-    """Steps 2-4 on `rows` [M, dim] with `grads` [M, dim] (prepared); slots the same shape."""
-    lr = learning_rate(params, step)
+def update(
+    params: Any, rows: Any, slots: Slots, grads: Any, step: Any, lr: Any = None
+) -> tuple[Any, Slots]:
+    """Steps 2-4 on `rows` [M, dim] with `grads` [M, dim] (prepared); slots the same shape.
+    `lr`: the table's own learning rate (`TableConfig.learning_rate_at`), else the optimizer's."""
+    if lr is None:
+        lr = learning_rate(params, step)
     if params.weight_decay_factor:
         factor = params.weight_decay_factor
         if params.multiply_weight_decay_factor_by_learning_rate:
