@@ -53,10 +53,10 @@ def test_the_server_answers_as_predict_and_the_export(out):
 
 @pytest.mark.xfail(
     saved_model.incompatibility() is not None, strict=True,
-    reason=f"TensorFlow cannot run this JAX's StableHLO: {saved_model.incompatibility()}",
+    reason=f"TensorFlow runs this JAX's StableHLO at no target: {saved_model.incompatibility()}",
 )
 def test_the_tensorflow_saved_model_answers_as_predict(out):
-    """The SavedModel beside the export (jax2tf) looks the 26 tables up as predict() did."""
+    """The SavedModel beside the export (XlaCallModule ops) looks the 26 tables up as predict() did."""
     import tensorflow as tf
 
     signature = tf.saved_model.load(out["export_dir"], tags=["serve"]).signatures["serving_default"]

@@ -86,8 +86,9 @@ def export_all(
         graphs, converted = [], []
         for plan in plans:
             fns = GraphFunctions(core, plan, receivers[plan.mode], treedef, names)
-            graphs.append(_export_graph(fns, var_avals, tmp, as_text=as_text))
-            converted.append((fns, graphs[-1]))
+            graph, programs = _export_graph(fns, var_avals, tmp, as_text=as_text)
+            graphs.append(graph)
+            converted.append((fns, graph, programs))
         saved_model = _saved_model(tmp, flat, converted)
         for dest, src in assets.items():
             path = epath.Path(tmp, mf.ASSETS_EXTRA_DIR, dest)
@@ -117,7 +118,9 @@ def export_all(
     return os.fsencode(final)
 
 
-def _export_graph(fns: GraphFunctions, var_avals: Any, out_dir: str, *, as_text: bool) -> dict[str, Any]:
+def _export_graph(fns: GraphFunctions, var_avals: Any, out_dir: str, *, as_text: bool
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Writes one meta graph's functions; returns its manifest entry and `{signature: Exported}`."""
     plan: MetaGraphPlan = fns.plan
     receiver = fns.receiver
     (batch,) = jax.export.symbolic_shape("batch")
@@ -126,7 +129,7 @@ def _export_graph(fns: GraphFunctions, var_avals: Any, out_dir: str, *, as_text:
         for name, spec in receiver.receiver_tensors.items()
     }
     methods, batching = fns.describe(var_avals, in_avals)
-    signatures = {}
+    signatures, programs = {}, {}
     for sig, method in sorted(methods.items()):
         try:
             exported = jax.export.export(jax.jit(fns.signature_fn(sig)), platforms=plan.platforms)(
@@ -143,6 +146,7 @@ def _export_graph(fns: GraphFunctions, var_avals: Any, out_dir: str, *, as_text:
                     "receiver TensorSpecs a fixed batch size (default_batch_size=...).",
                 )
             ) from e
+        programs[sig] = exported
         rel = mf.function_path(plan.tags, sig)
         path = epath.Path(out_dir) / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,27 +166,28 @@ def _export_graph(fns: GraphFunctions, var_avals: Any, out_dir: str, *, as_text:
         "mode": plan.mode,
         "batching": batching[0] if batching else None,
         "signatures": signatures,
-    }
+    }, programs
 
 
-def _saved_model(out_dir: str, flat: dict[str, Any], converted: list[tuple[GraphFunctions, dict[str, Any]]]
-                 ) -> dict[str, Any] | None:
+def _saved_model(out_dir: str, flat: dict[str, Any],
+                 converted: list[tuple[GraphFunctions, dict[str, Any], dict[str, Any]]]) -> dict[str, Any] | None:
     """With TensorFlow installed, a TF SavedModel of the same signatures (export/saved_model.py)."""
     if importlib.util.find_spec("tensorflow") is None:
         log.info("No TensorFlow SavedModel (saved_model.pb) written: TensorFlow is not installed. "
                  "The export serves with load_exported and `tpu-estimator serve`; for TF Serving, "
                  "saved_model_cli or tf.saved_model.load, pip install 'tpu_estimator[tf]' and export again.")
         return None
+    import tensorflow as tf
+
     from tpu_estimator.export import saved_model as tf_sm
+    from tpu_estimator.export.tf_call_module import TargetTooOld
 
     reason = tf_sm.incompatibility()
     if reason is not None:
-        import tensorflow as tf
-
         log.warning(
             "No TensorFlow SavedModel (saved_model.pb) written: TensorFlow %s cannot run the StableHLO "
-            "that JAX %s serializes (%s). Use a TensorFlow release newer than this JAX, or the JAX "
-            "release that TensorFlow supports; the jax.export artifacts are written as usual.",
+            "that JAX %s serializes, at any target tried (%s). Use a TensorFlow release newer than this JAX, "
+            "or the JAX release that TensorFlow supports; the jax.export artifacts are written as usual.",
             tf.__version__, jax.__version__, reason,
         )
         return None
@@ -191,12 +196,21 @@ def _saved_model(out_dir: str, flat: dict[str, Any], converted: list[tuple[Graph
             graph["tags"],
             graph["platforms"],
             {n: (tuple(s.shape), s.dtype) for n, s in fns.receiver.receiver_tensors.items()},
-            {sig: (entry["method_name"], fns.signature_fn(sig)) for sig, entry in graph["signatures"].items()},
+            {sig: (entry["method_name"], programs[sig]) for sig, entry in graph["signatures"].items()},
             mf.example_parsing_json(fns.receiver).get("example_parsing"),  # (None: arrays in, as before)
         )
-        for fns, graph in converted
+        for fns, graph, programs in converted
     ]
-    return tf_sm.write(out_dir, flat, graphs)
+    target = tf_sm.stablehlo_target()
+    try:
+        return tf_sm.write(out_dir, flat, graphs, target=target)
+    except TargetTooOld as e:
+        log.warning(
+            "No TensorFlow SavedModel (saved_model.pb) written: TensorFlow %s reads StableHLO up to %s, and "
+            "this model needs newer ops. %s Use a TensorFlow release built with a newer StableHLO; the "
+            "jax.export artifacts are written as usual.", tf.__version__, target, e,
+        )
+        return None
 
 
 def _output_specs(exported: Any) -> dict[str, Any]:

@@ -13,7 +13,8 @@
 ```
 
 The manifest's `saved_model` entry describes the SavedModel (its TensorFlow
-version, tag sets and signatures), or is null when none was written.
+version, `stablehlo_target`: the StableHLO version its programs are serialized
+at, tag sets and signatures), or is null when none was written.
 
 On local disk the directory is written under a hidden temporary name and
 renamed when complete. On an object store (`gs://`), which has no atomic

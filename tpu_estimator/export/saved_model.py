@@ -1,10 +1,13 @@
 """A TensorFlow SavedModel beside the `jax.export` artifacts (only when TensorFlow is importable).
 
 `export_saved_model` imports this module only when `tensorflow` can be
-imported (the `tf` extra). It converts each exported signature function with
-`jax.experimental.jax2tf` (native serialization: an `XlaCallModule` op holding
-the StableHLO of the platforms that meta graph was exported for, the batch
-dimension polymorphic) and writes one SavedModel into the export directory:
+imported (the `tf` extra). Each signature's `jax.export.Exported` (the one the
+export serialized) becomes an `XlaCallModule` op, as jax2tf's native
+serialization makes it, holding the StableHLO of the platforms that meta graph
+was exported for, the batch dimension polymorphic, serialized at the StableHLO
+version this TensorFlow reads (export/tf_call_module.py; the manifest's
+`saved_model.stablehlo_target`). One SavedModel is written into the export
+directory:
 
 ```
 <export_dir_base>/<timestamp>/
@@ -47,7 +50,6 @@ them (`classes` every class's label per row, e.g. `jnp.broadcast_to(jnp.arange(n
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import shutil
@@ -58,10 +60,9 @@ import jax
 import numpy as np
 import tensorflow as tf
 from etils import epath
-from jax.experimental import jax2tf
 
 from tpu_estimator.api.example_parsing import ExampleSpec
-from tpu_estimator.export import tf_example_parsing
+from tpu_estimator.export import tf_call_module, tf_example_parsing
 
 SAVED_MODEL_FILE = "saved_model.pb"
 TF_VARIABLES_PREFIX = "variables/variables"
@@ -70,10 +71,10 @@ _TF_NAME = re.compile(r"[^A-Za-z0-9_.\-/]")
 
 
 class MetaGraph:
-    """One tag set to convert: its platforms, receiver specs and `{signature: (method, fn)}`.
+    """One tag set to convert: its platforms, receiver specs and `{signature: (method, exported)}`.
 
-    `fn(flat_variables, inputs) -> {name: array}` is the JAX function the export
-    serialized; `inputs` maps input names to `(shape with None for the batch, dtype)`.
+    `exported` is the `jax.export.Exported` of `fn(flat_variables, inputs) -> {name: array}`
+    the export serialized; `inputs` maps input names to `(shape with None for the batch, dtype)`.
     `example_parsing` is the manifest's entry of a parsing receiver's signatures
     (`{"input": "examples", "features": {...}}`), else None.
     """
@@ -83,7 +84,7 @@ class MetaGraph:
         tags: Sequence[str],
         platforms: Sequence[str],
         inputs: Mapping[str, tuple[tuple[int | None, ...], Any]],
-        signatures: Mapping[str, tuple[str, Callable[[Any, Any], dict[str, Any]]]],
+        signatures: Mapping[str, tuple[str, Any]],
         example_parsing: Mapping[str, Any] | None = None,
     ) -> None:
         self.tags = list(tags)
@@ -93,38 +94,36 @@ class MetaGraph:
         self.example_parsing = None if example_parsing is None else dict(example_parsing)
 
 
-@functools.lru_cache(maxsize=None)
 def incompatibility() -> str | None:
-    """Why this TensorFlow cannot run what this JAX serializes (None: it can).
+    """Why this TensorFlow cannot run what this JAX serializes at any StableHLO target (None: it can).
 
-    Newer JAX releases write StableHLO that older TensorFlow cannot deserialize
-    (seen: JAX 0.12.0.1 with TF 2.21, "unregistered operation
-    'vhlo.custom_call_v2'"). Checked once per process by running a tiny
-    batch-polymorphic function through jax2tf in TensorFlow, on CPU.
+    Seen before the target was chosen: JAX 0.12.0.1 with TF 2.21 at jax.export's
+    own target, "unregistered operation 'vhlo.custom_call_v2'". Probed once per
+    process (tf_call_module.probe).
     """
-    try:
-        converted = jax2tf.convert(
-            lambda x: x * 2.0, polymorphic_shapes=["(batch, 2)"], native_serialization_platforms=("cpu",)
-        )
-        out = tf.function(converted, autograph=False)(tf.ones((3, 2), tf.float32))
-        if not np.allclose(np.asarray(out), 2.0):
-            return "a converted test function gave wrong values"
-        return None
-    except Exception as e:  # noqa: BLE001 - any failure means TF cannot run it
-        lines = str(e).splitlines() or [""]
-        first = next((line for line in lines if "unregistered" in line or "deserialize" in line), lines[0])
-        return f"{type(e).__name__}: {first.strip()[:300]}"
+    return tf_call_module.probe().reason
 
 
-def write(out_dir: str, flat: Mapping[str, np.ndarray], graphs: Sequence[MetaGraph]) -> dict[str, Any]:
+def stablehlo_target() -> str:
+    """The StableHLO version the SavedModel's programs are serialized at (TF 2.21: '1.13.7')."""
+    target = tf_call_module.probe().target
+    if target is None:
+        raise ValueError(f"TensorFlow cannot run this JAX's programs: {incompatibility()}")
+    return target
+
+
+def write(out_dir: str, flat: Mapping[str, np.ndarray], graphs: Sequence[MetaGraph], *, target: str
+          ) -> dict[str, Any]:
     """Writes `saved_model.pb` and `variables/` into `out_dir`; returns the manifest's entry.
 
-    The SavedModel is built in a local temporary directory (the builder wants a
-    new one) and copied into `out_dir` (local or an object store).
+    The programs are serialized at StableHLO `target`; one that needs newer ops
+    raises `tf_call_module.TargetTooOld` before anything is written. The
+    SavedModel is built in a local temporary directory (the builder wants a new
+    one) and copied into `out_dir` (local or an object store).
     """
     with tempfile.TemporaryDirectory(prefix="tpu_estimator_saved_model-") as tmp:
         local = os.path.join(tmp, "saved_model")
-        described = _build(local, flat, graphs)
+        described = _build(local, flat, graphs, target)
         for root, _, files in os.walk(local):
             for name in files:
                 src = os.path.join(root, name)
@@ -138,11 +137,13 @@ def write(out_dir: str, flat: Mapping[str, np.ndarray], graphs: Sequence[MetaGra
         "variables": TF_VARIABLES_PREFIX,
         "tensorflow": tf.__version__,
         "xla_call_module_version": jax.config.jax_export_calling_convention_version,
+        "stablehlo_target": target,
         "meta_graphs": described,
     }
 
 
-def _build(directory: str, flat: Mapping[str, np.ndarray], graphs: Sequence[MetaGraph]) -> list[dict[str, Any]]:
+def _build(directory: str, flat: Mapping[str, np.ndarray], graphs: Sequence[MetaGraph], target: str
+           ) -> list[dict[str, Any]]:
     graph = tf.Graph()
     described = []
     with graph.as_default():
@@ -155,7 +156,7 @@ def _build(directory: str, flat: Mapping[str, np.ndarray], graphs: Sequence[Meta
         sig_maps = []
         for meta in graphs:
             with tf.name_scope("_".join(meta.tags) or "graph"):
-                sig_maps.append(_signature_defs(meta, variables))
+                sig_maps.append(_signature_defs(meta, variables, target))
             described.append({"tags": meta.tags, "signatures": sorted(sig_maps[-1])})
         session_config = tf.compat.v1.ConfigProto(device_count={"GPU": 0})  # (JAX owns the accelerators)
         with tf.compat.v1.Session(graph=graph, config=session_config) as sess:
@@ -170,8 +171,8 @@ def _build(directory: str, flat: Mapping[str, np.ndarray], graphs: Sequence[Meta
     return described
 
 
-def _signature_defs(meta: MetaGraph, variables: Mapping[str, Any]) -> dict[str, Any]:
-    """{signature: SignatureDef}: placeholders in, the jax2tf-converted function's outputs out."""
+def _signature_defs(meta: MetaGraph, variables: Mapping[str, Any], target: str) -> dict[str, Any]:
+    """{signature: SignatureDef}: placeholders in, the exported function's `XlaCallModule` outputs out."""
     if meta.example_parsing is None:
         placeholders = {
             name: tf.compat.v1.placeholder(tf.as_dtype(np.dtype(dtype)), shape, name=tf_variable_name(name))
@@ -180,22 +181,14 @@ def _signature_defs(meta: MetaGraph, variables: Mapping[str, Any]) -> dict[str, 
         fn_inputs, sig_inputs = placeholders, lambda method: placeholders
     else:
         fn_inputs, sig_inputs = _parsed_inputs(meta)
-    polymorphic = {
-        name: "(" + ", ".join("batch" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "")
-        + ")"
-        for name, (shape, _) in meta.inputs.items()
-    }
     values = {name: tf.convert_to_tensor(v) for name, v in variables.items()}
     out = {}
-    for sig, (method, fn) in sorted(meta.signatures.items()):
-        converted = jax2tf.convert(
-            fn,
-            polymorphic_shapes=[None, polymorphic],
-            native_serialization_platforms=meta.platforms,
-            with_gradient=False,
-        )
+    for sig, (method, exported) in sorted(meta.signatures.items()):
         with tf.name_scope(tf_variable_name(sig)):
-            outputs = converted(values, fn_inputs)
+            try:
+                outputs = tf_call_module.call(exported, (values, fn_inputs), target=target)
+            except tf_call_module.TargetTooOld as e:
+                raise tf_call_module.TargetTooOld(f"Signature {sig!r} of tag set {meta.tags}: {e}") from e
             if method == tf.saved_model.CLASSIFY_METHOD_NAME and "classes" in outputs:
                 outputs = {**outputs, "classes": string_classes(outputs["classes"])}
         out[sig] = tf.compat.v1.saved_model.signature_def_utils.build_signature_def(
