@@ -34,6 +34,10 @@ PyTree: TypeAlias = Any
 # predictions and the tensors of metric_fn and host_call.
 ArrayTree: TypeAlias = Union["ArrayLike", Mapping[str, "ArrayTree"], Sequence["ArrayTree"], None]
 
+# TPUEstimator(batch_axis=...): (features' axis, labels' axis), each an int or, for dict
+# features or labels, a dict of ints per key; None: axis 0 everywhere.
+BatchAxis: TypeAlias = Union[Sequence[Union[int, Mapping[str, int]]], None]
+
 # metric_fn's and host_call's tensors: a list passed by position, or a dict by keyword.
 Tensors: TypeAlias = Union[Sequence["ArrayLike"], Mapping[str, "ArrayLike"]]
 

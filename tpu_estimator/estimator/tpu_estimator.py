@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 import numpy as np
 
 from tpu_estimator.api.checks import message
-from tpu_estimator.api.contracts import ArrayTree, InputFn
+from tpu_estimator.api.contracts import ArrayTree, BatchAxis, InputFn
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.api.run_config import RunConfig
 from tpu_estimator.checkpoint.reader import list_variables, load_variable
@@ -94,7 +94,7 @@ class TPUEstimator:
         train_batch_size: int | None = None,
         eval_batch_size: int | None = None,
         predict_batch_size: int | None = None,
-        batch_axis: Sequence[Any] | None = None,
+        batch_axis: BatchAxis = None,
         eval_on_tpu: bool = True,
         export_to_tpu: bool = True,
         export_to_cpu: bool = True,
