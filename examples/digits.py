@@ -1,15 +1,20 @@
 """The main job: train, evaluate, export and predict scikit-learn's 8x8 digits on 8 CPU devices.
 
+    pip install 'tpu_estimator[examples]'   # scikit-learn, and the server for :classify
     bash scripts/demo.sh            # or: python examples/digits.py --model_dir runs/digits
 
 A TF1-style `model_fn` (layers created inline) and `input_fn`s, handed to
 `TPUEstimator`, replicated over 8 (fake) CPU devices. Summaries land in
-`--model_dir` (view with `tensorboard --logdir runs/digits`).
+`--model_dir` (view with `tensorboard --logdir runs/digits`). The export is
+served (`tpu-estimator serve`'s server) and asked TF Serving's `:classify`,
+which answers each class's label and score. When stderr is not a terminal (no
+progress bar), training logs `loss = ..., step = ...` lines as TF1 did.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import sys
@@ -21,6 +26,8 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import flax.linen as nn  # noqa: E402
+import httpx  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
@@ -28,6 +35,8 @@ from sklearn.model_selection import train_test_split  # noqa: E402
 
 import tpu_estimator as te  # noqa: E402
 from tpu_estimator import metrics  # noqa: E402
+from tpu_estimator.serving.model_store import ModelStore  # noqa: E402
+from tpu_estimator.serving.server import ServerThread  # noqa: E402
 
 
 def model_fn(features, labels, mode, params):
@@ -38,11 +47,13 @@ def model_fn(features, labels, mode, params):
     logits = nn.Dense(10)(x)
     if mode == te.ModeKeys.PREDICT:
         probabilities = nn.softmax(logits)
+        # TF Serving's :classify labels each score with its class: every class's id per row.
+        classes = jnp.broadcast_to(jnp.arange(10), probabilities.shape)
         return te.TPUEstimatorSpec(
             mode,
             predictions={"classes": logits.argmax(-1), "probabilities": probabilities},
             export_outputs={
-                "serving_default": te.ClassificationOutput(scores=probabilities, classes=logits.argmax(-1))
+                "serving_default": te.ClassificationOutput(scores=probabilities, classes=classes)
             },
         )
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
@@ -79,6 +90,24 @@ def make_input_fn(images, labels, *, epochs=1, shuffle=False, seed=0):
 def ascii_digit(image: np.ndarray) -> list[str]:
     shades = " .:-=+*#%@"
     return ["".join(shades[int(v * 9.99)] * 2 for v in row) for row in image]
+
+
+def classify_served(export_base: str, images: np.ndarray) -> list[list[list]]:
+    """Starts `tpu-estimator serve`'s server on the exports and asks TF Serving's `:classify`;
+    per image, `[[label, score], ...]` for the 10 classes."""
+    with ServerThread(ModelStore(export_base, poll_seconds=0), "digits") as server:
+        body = {"examples": [{"image": image.tolist()} for image in images]}
+        reply = httpx.post(f"{server.url}/v1/models/digits:classify", json=body, timeout=120)
+        reply.raise_for_status()
+    return reply.json()["results"]
+
+
+def log_training_when_piped() -> None:
+    """No progress bar shows when stderr is not a terminal (a file, a pipe, CI): log training's
+    `loss = ..., step = ...` lines instead, as TF1's tf.logging did at INFO."""
+    if not logging.getLogger().handlers and not sys.stderr.isatty():
+        logging.basicConfig(format="%(levelname)s:%(name)s:%(message)s")
+        logging.getLogger("tpu_estimator").setLevel(logging.INFO)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,19 +149,27 @@ def main(argv: list[str] | None = None) -> int:
     receiver_fn = te.build_raw_serving_input_receiver_fn(
         {"image": te.TensorSpec((None, 8, 8), np.float32)}
     )
-    export_dir = est.export_saved_model(os.path.join(args.model_dir, "export"), receiver_fn)
+    export_base = os.path.join(args.model_dir, "export")
+    export_dir = est.export_saved_model(export_base, receiver_fn)
     print(f"exported to {export_dir.decode()}")
 
-    predictions = list(est.predict(make_input_fn(x_test[:6], None)))
+    predictions = [int(p["classes"]) for p in est.predict(make_input_fn(x_test[:6], None))]
     served = te.load_exported(export_dir.decode()).signatures["serving_default"](image=x_test[:6])
+    classified = classify_served(export_base, x_test[:6])
+    top = [max(scored, key=lambda label_score: label_score[1]) for scored in classified]
     rows = [ascii_digit(img) for img in x_test[:6]]
     for line in range(8):
         print("   ".join(r[line] for r in rows))
-    print("   ".join(f"pred {p['classes']} true {t}".ljust(16) for p, t in zip(predictions, y_test[:6])))
-    agree = np.array_equal(np.asarray(served["classes"]), [p["classes"] for p in predictions])
-    print(f"exported model agrees with predict(): {agree}")
+    print("   ".join(f"pred {p} true {t}".ljust(16) for p, t in zip(predictions, y_test[:6])))
+    print("   ".join(f":classify {label} {score:.2f}".ljust(16) for label, score in top))
+    agree = np.array_equal(np.asarray(served["scores"]).argmax(-1), predictions) and [
+        int(label) for label, _ in top] == predictions
+    print(f"exported and served model agree with predict(): {agree}")
+    print(f"serve it: tpu-estimator serve --model_base_path {export_base} --model_name digits; then POST "
+          "http://127.0.0.1:8501/v1/models/digits:classify")
     return 0 if result["accuracy"] >= 0.95 and agree else 1
 
 
 if __name__ == "__main__":
+    log_training_when_piped()
     sys.exit(main())

@@ -1,5 +1,6 @@
 """A DLRM-style click model with 26 embedding tables sharded over 8 CPU devices.
 
+    pip install 'tpu_estimator[examples]'   # the model server and httpx, its HTTP client
     python examples/dlrm.py [--quick] [--model_dir runs/dlrm] [--steps N]
 
 Synthetic Criteo-like data (13 dense features, 26 categorical ones with

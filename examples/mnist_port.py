@@ -1,5 +1,6 @@
 """The TPU MNIST example of TensorFlow 1 (tensorflow/tpu, models/official/mnist/mnist_tpu.py), ported.
 
+    pip install 'tpu_estimator[examples]'   # scikit-learn (its digits stand in for MNIST)
     python examples/mnist_port.py --model_dir runs/mnist_port --train_steps 300
 
 Each function keeps the original's name and does what it did; docs/migrating.md

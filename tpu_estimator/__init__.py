@@ -68,6 +68,7 @@ if _typing.TYPE_CHECKING:  # what type checkers and readers see; at run time `__
     from tpu_estimator.checkpoint.reader import list_variables as list_variables
     from tpu_estimator.loops.compiles import count_compiles as count_compiles
     from tpu_estimator.checkpoint.reader import load_variable as load_variable
+    from tpu_estimator.checkpoint.iterator import checkpoints_iterator as checkpoints_iterator
 
     # --- export and serving ---
     from tpu_estimator.export.inference import (
@@ -169,6 +170,7 @@ _LAZY = {
     ),
     "tpu_estimator.parallel.input_context": ("InputContext",),
     "tpu_estimator.checkpoint.reader": ("list_variables", "load_variable"),
+    "tpu_estimator.checkpoint.iterator": ("checkpoints_iterator",),
     "tpu_estimator.loops.compiles": ("count_compiles",),
     "tpu_estimator.export.inference": ("ExportSavedModelApiVersion", "inference_on_tpu"),
     "tpu_estimator.export.loader": ("load_exported",),
@@ -272,6 +274,7 @@ __all__ = [
     "WarmStartSettings",
     "build_parsing_serving_input_receiver_fn",
     "build_raw_serving_input_receiver_fn",
+    "checkpoints_iterator",
     "count_compiles",
     "embedding",
     "inference_on_tpu",

@@ -32,14 +32,29 @@ def run(port, tmp_path_factory):
     return model_dir, port.main(argv)
 
 
+# The untrained model's loss: 10 balanced classes, near-uniform softmax at initialisation
+# (measured: 2.306 on the validation split with --learning_rate 0, on JAX 0.10 and 0.12).
+UNTRAINED_LOSS = np.log(10.0)
+
+
 def test_the_port_trains_the_loss_falls(run):
-    model_dir, _ = run
+    """Learning, measured by values that average over many examples and steps.
+
+    At learning rate 0.2 single-batch losses are chaotic: their trajectory depends
+    on float rounding, which differs between JAX releases and host CPUs (the same
+    code gave 0.99 or 1.54 at step 40). The evaluation loss is a mean over the 300
+    validation examples (0.68-0.69 after training, threshold 1.73); the summaries
+    are compared as the means of the run's two halves (ratio 0.56-0.68, threshold
+    0.8). With learning rate 0 both fail: 2.306 and 1.00.
+    """
+    model_dir, out = run
+    assert out["eval"]["loss"] < 0.75 * UNTRAINED_LOSS, out["eval"]
     events = EventAccumulator(str(model_dir), size_guidance={"scalars": 0})
     events.Reload()
     loss = [(e.step, e.value) for e in events.Scalars("loss")]
     assert [s for s, _ in loss] == list(range(5, 41, 5))
-    first, last = loss[0][1], np.mean([v for _, v in loss[-2:]])
-    assert last < 0.6 * first, loss
+    values = [v for _, v in loss]
+    assert np.mean(values[4:]) < 0.8 * np.mean(values[:4]), loss  # second half vs first half
 
 
 def test_the_port_evaluates_every_validation_example(run):

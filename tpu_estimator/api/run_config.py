@@ -12,6 +12,7 @@ from tpu_estimator.api.checks import (
     non_negative_number,
     optional_positive_int,
 )
+from tpu_estimator.api.keywords import suggest_keywords
 from tpu_estimator.api.tf_config import CHIEF, ENV_TF_CONFIG, WORKER, TFConfig
 from tpu_estimator.api.tpu_config import TPUConfig
 
@@ -23,6 +24,7 @@ ENV_NUM_PROCESSES = "TPU_ESTIMATOR_NUM_PROCESSES"
 ENV_PROCESS_ID = "TPU_ESTIMATOR_PROCESS_ID"
 
 
+@suggest_keywords
 @dataclasses.dataclass(frozen=True)
 class ClusterConfig:
     """Where the hosts of a multi-host job meet (`jax.distributed.initialize`).
@@ -126,6 +128,7 @@ class ClusterConfig:
         return cls(tasks[0], len(tasks), tf.process_id)
 
 
+@suggest_keywords
 @dataclasses.dataclass(frozen=True, init=False)
 class RunConfig:
     """Where and how an estimator runs: model directory, checkpoints, summaries.

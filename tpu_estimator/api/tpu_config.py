@@ -8,6 +8,7 @@ import re
 from typing import Any, Literal, NamedTuple, Sequence
 
 from tpu_estimator.api.checks import is_int, message, optional_positive_int, positive_int
+from tpu_estimator.api.keywords import suggest_keywords
 
 
 class InputPipelineConfig(enum.IntEnum):
@@ -94,6 +95,7 @@ def as_input_pipeline_config(value: Any, name: str) -> InputPipelineConfig:
     )
 
 
+@suggest_keywords
 @dataclasses.dataclass(frozen=True)
 class TPUConfig:
     """TPU-related configuration of `TPUEstimator` (seed `TPUConfig`).
@@ -139,6 +141,13 @@ class TPUConfig:
         4096 elements split on their largest divisible dimension.
       logical_axis_rules: (Not in the original.) `(logical name, "model" or
         None)` pairs mapping `nn.with_logical_partitioning` names to the mesh.
+      moving_average_decay: (Not in the original, where models built a
+        `tf.train.ExponentialMovingAverage` themselves.) A float in [0, 1], or
+        None (default: off). After each training step every parameter's average
+        becomes `decay * average + (1 - decay) * parameter`, starting from the
+        initial (or warm-started) parameters. Training uses the raw parameters;
+        evaluate(), predict() and export_saved_model() use the averages. They
+        are checkpointed, and read as `moving_average/<variable name>`.
 
     Raises:
       ValueError, TypeError: on an invalid value, with the fix in the message.
@@ -160,6 +169,7 @@ class TPUConfig:
     loop_strategy: Literal["auto", "scan", "step"] = "auto"
     partition_rules: Sequence[tuple[str, Any]] | None = None
     logical_axis_rules: Sequence[tuple[str, str | None]] | None = None
+    moving_average_decay: float | None = None
 
     def __post_init__(self) -> None:
         parse_iterations_per_loop(self.iterations_per_loop)
@@ -207,6 +217,7 @@ class TPUConfig:
         positive_int(
             self.experimental_host_call_every_n_steps, "experimental_host_call_every_n_steps"
         )
+        self._check_moving_average_decay()
         if not isinstance(self.loop_strategy, str) or self.loop_strategy not in (
             "auto",
             "scan",
@@ -216,6 +227,24 @@ class TPUConfig:
                 message(
                     "`loop_strategy` must be 'auto', 'scan' or 'step'.",
                     f"loop_strategy={self.loop_strategy!r}",
+                )
+            )
+
+    def _check_moving_average_decay(self) -> None:
+        decay = self.moving_average_decay
+        if decay is None:
+            return
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)):
+            raise TypeError(
+                message("`moving_average_decay` must be a float in [0, 1] or None.",
+                        f"moving_average_decay={decay!r}")
+            )
+        if not 0.0 <= float(decay) <= 1.0:
+            raise ValueError(
+                message(
+                    "`moving_average_decay` must be in [0, 1].",
+                    f"moving_average_decay={decay!r}",
+                    "Use e.g. moving_average_decay=0.9999 (TF TPU models' usual value), or None.",
                 )
             )
 

@@ -33,9 +33,11 @@ def flatten(variables: Any) -> dict[str, Any]:
 
 
 def state_variable_name(path: Any) -> str | None:
-    """The variable name of a saved TrainState leaf (params, collections, step); None for others."""
+    """The variable name of a saved TrainState leaf (params, collections, step, and a
+    component's state as `<component>/<its path>`, e.g. `moving_average/Dense_0/kernel`);
+    None for others."""
     keys = [str(getattr(p, "key", getattr(p, "idx", p))) for p in path]
-    if keys and keys[0] in ("params", "collections"):
+    if keys and keys[0] in ("params", "collections", "extras"):
         return "/".join(keys[1:])
     return GLOBAL_STEP if keys == ["step"] else None
 

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from tpu_estimator.api.checks import message
+from tpu_estimator.api.keywords import suggest_keywords
 from tpu_estimator.checkpoint.reader import load_variables
 from tpu_estimator.checkpoint.tf_checkpoint import tf_checkpoint_prefix, tf_variables
 from tpu_estimator.checkpoint.variables import GLOBAL_STEP, flatten, variable_name
@@ -27,6 +28,7 @@ from tpu_estimator.paths import as_uri
 log = logging.getLogger("tpu_estimator")
 
 
+@suggest_keywords
 @dataclasses.dataclass(frozen=True)
 class WarmStartSettings:
     """What to warm-start from, and which variables (as `tf.estimator.WarmStartSettings`).

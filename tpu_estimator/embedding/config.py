@@ -14,6 +14,7 @@ import math
 from typing import Any, Callable, Literal, Mapping
 
 from tpu_estimator.api.checks import is_int, message
+from tpu_estimator.api.keywords import suggest_keywords
 from tpu_estimator.embedding.optimizers import OPTIMIZERS
 
 COMBINERS = ("sum", "mean", "sqrtn")
@@ -27,6 +28,7 @@ def default_initializer(dimension: int) -> Initializer:
     return jax.nn.initializers.truncated_normal(stddev=1.0 / math.sqrt(dimension))
 
 
+@suggest_keywords
 @dataclasses.dataclass(frozen=True, eq=False)
 class TableConfig:
     """One embedding table: `vocabulary_size` rows of `dimension` values.
@@ -87,6 +89,7 @@ class TableConfig:
         return self.initializer or default_initializer(self.dimension)
 
 
+@suggest_keywords
 @dataclasses.dataclass(frozen=True)
 class FeatureConfig:
     """One embedding feature: which table its ids index, and its shape.
@@ -133,6 +136,7 @@ _FEATURE_COLUMNS_FIX = (
 )
 
 
+@suggest_keywords
 @dataclasses.dataclass(frozen=True)
 class EmbeddingConfigSpec:
     """The embedding tables of a model, passed as `TPUEstimator(embedding_config_spec=...)`.

@@ -16,6 +16,7 @@ import numbers
 from typing import Any, Callable, Union
 
 from tpu_estimator.api.checks import message
+from tpu_estimator.api.keywords import suggest_keywords
 
 LearningRate = Union[float, Callable[[Any], Any]]
 
@@ -83,6 +84,7 @@ class _OptimizationParameters:
         return hash((type(self).__name__, repr(self)))
 
 
+@suggest_keywords
 class AdagradParameters(_OptimizationParameters):
     """Adagrad for embedding tables: `acc += g**2; w -= lr * g / sqrt(acc)`.
 
@@ -121,6 +123,7 @@ class AdagradParameters(_OptimizationParameters):
         self.initial_accumulator = initial_accumulator
 
 
+@suggest_keywords
 class AdamParameters(_OptimizationParameters):
     """Adam for embedding tables, lazy by default (the original's `lazy_adam=True`).
 
@@ -182,6 +185,7 @@ class AdamParameters(_OptimizationParameters):
         self.sum_inside_sqrt = bool(sum_inside_sqrt)
 
 
+@suggest_keywords
 class FtrlParameters(_OptimizationParameters):
     """FTRL-proximal for embedding tables (McMahan et al.), the original's update:
 
@@ -234,6 +238,7 @@ class FtrlParameters(_OptimizationParameters):
         self.l2_regularization_strength = float(l2_regularization_strength)
 
 
+@suggest_keywords
 class StochasticGradientDescentParameters(_OptimizationParameters):
     """Plain SGD for embedding tables: `w -= lr * g` on the rows looked up."""
 

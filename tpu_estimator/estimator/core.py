@@ -26,6 +26,7 @@ from tpu_estimator.api.run_config import RunConfig
 from tpu_estimator.checkpoint import integrity
 from tpu_estimator.checkpoint.manager import Checkpointer, CheckpointRef, split_checkpoint_path
 from tpu_estimator.embedding.inputs import prepare_features
+from tpu_estimator.estimator.components import registered
 from tpu_estimator.estimator.runtime import Runtime
 from tpu_estimator.feeding.host_batches import HostBatch, HostBatches
 from tpu_estimator.feeding.input_state import is_checkpointable, set_input_state
@@ -93,6 +94,7 @@ class Core:
         self.export = export
         self.warm_start_from = warm_start_from
         self.embedding_config_spec = embedding_config_spec
+        self.components = registered(config)  # extra kinds of training state
         self._runtimes: dict[tuple[str, int | None], Runtime] = {}
         self._checkpointers: dict[str, Checkpointer] = {}
         self._last_state: TrainState | None = None
@@ -180,6 +182,7 @@ class Core:
             use_tpu = self.use_tpu and (mode != ModeKeys.EVAL or self.eval_on_tpu)
         params = {**self.params, "use_tpu": bool(use_tpu)}
         model = bind_model(self.model_fn, self.model_fn_args, mode, params, self.config, batch_size)
+        model = dataclasses.replace(model, components=self.components)
         if self.embedding_config_spec is None:
             return model
         topology = Topology.create(use_tpu=False) if one_device else self.topology

@@ -70,7 +70,7 @@ def evaluate(
     size = inference.loop_size(core.config.tpu_config.iterations_per_loop_parsed)
     runner = inference.Runner(
         runtime.program, {"single": "eval", "loop": "eval_scan", "padded": "eval_examples"},
-        (state.program_variables, state.step, state.rng), strategy=strategy, size=size,
+        (runtime.program_variables(state), state.step, state.rng), strategy=strategy, size=size,
     )
     blocks = inference.blocking(strategy, size, first, lambda b: b.tree, core.topology, batches.axes)
     evaluated = 0

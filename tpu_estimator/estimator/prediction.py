@@ -59,7 +59,7 @@ def _generate(core, input_fn, predict_keys, hooks, checkpoint_path, single) -> I
     size = inference.loop_size(core.config.tpu_config.iterations_per_loop_parsed)
     runner = inference.Runner(
         runtime.program, {"single": "predict", "loop": "predict_scan", "padded": "predict"},
-        (state.program_variables, state.step, state.rng), strategy=strategy, size=size,
+        (runtime.program_variables(state), state.step, state.rng), strategy=strategy, size=size,
     )
     blocks = inference.blocking(strategy, size, first, lambda b: b.features, topo, batches.axes[0])
     gathered = runtime.placement.outputs == "gather"  # several hosts: this host's rows, in its order

@@ -24,6 +24,7 @@ from tpu_estimator.loops import evaluate as eval_loops
 from tpu_estimator.loops import predict as predict_loops
 from tpu_estimator.loops import train as train_loops
 from tpu_estimator.loops.train import Traced
+from tpu_estimator.model import components
 from tpu_estimator.model.spec_view import SpecView
 from tpu_estimator.model.state import TrainState
 from tpu_estimator.loops.replica import Placement
@@ -133,7 +134,13 @@ class Runtime:
         )
         if abstract.embedding is not None:  # rows over the replicas (embedding/replica.py)
             specs = specs.replace(embedding=embedding_specs(abstract.embedding))
+        specs = specs.replace(extras=components.extras_specs(self.model.components, abstract.extras, specs))
         return partitioning.named(specs, self.core.topology)
+
+    def program_variables(self, state: TrainState) -> dict[str, Any]:
+        """What the evaluation and prediction programs take (the components' choice of
+        variables, e.g. the averaged weights)."""
+        return components.inference_variables(self.model.components, state.extras, state.program_variables)
 
     # --- state -----------------------------------------------------------------
 
@@ -176,12 +183,16 @@ class Runtime:
         if ref is None:
             return self._after_init(init(*sample))
         abstract = self.traced.abstract  # what restoring checks model_fn's names against
-        if train and not self._tables_moved(ref):
+        saved = self._saved_extras(ref)
+        dropped = bool(saved - {c.name for c in self.model.components})  # a setting turned off
+        if train and not dropped and not self._tables_moved(ref):
             return ref.checkpointer.restore(ref.step, abstract)
         raw = ref.checkpointer.restore_raw(ref.step)
-        if train:  # embedding tables saved on another device count
+        if train:  # embedding tables saved on another device count, or a component's state left out
             state = _fill(abstract.replace(embedding=None), {**raw, "embedding": None})
             state = jax.device_put(state, init.state_shardings.replace(embedding=None))
+            if abstract.embedding is None:
+                return state
             return state.replace(embedding=self._tables_from(raw, with_slots=True))
         embedding = None if abstract.embedding is None else self._tables_from(raw, with_slots=False)
         variables = self._select_variables(
@@ -194,9 +205,30 @@ class Runtime:
             opt_state=None,
             step=np.asarray(raw["step"], np.int32),
             rng=np.asarray(raw["rng"], np.uint32),
+            extras=None if abstract.extras is None else _fill(abstract.extras, raw["extras"]),
         )
         state = jax.device_put(state, init.state_shardings.replace(embedding=None))
         return state if embedding is None else state.replace(embedding=embedding)
+
+    def _saved_extras(self, ref: CheckpointRef) -> set[str]:
+        """The components whose state the checkpoint holds; each of this run's must be there.
+
+        Raises:
+          ValueError: a component's state is missing (naming the setting that added it).
+        """
+        saved = set(state_metadata(ref.path).get("extras") or {})
+        for c in self.model.components:
+            if c.name not in saved:
+                raise ValueError(
+                    message(
+                        f"Checkpoint {ref.path} has no {c.name!r} state: it was written without "
+                        f"{c.setting}.",
+                        f"{c.setting} set, checkpoint state {sorted(saved) or 'without extras'}",
+                        f"Unset {c.setting} to use this checkpoint, or start a new model_dir with "
+                        "warm_start_from=<this checkpoint> (the new state starts from its weights).",
+                    )
+                )
+        return saved
 
     def _tables_moved(self, ref: CheckpointRef) -> bool:
         """The checkpoint's embedding tables were sharded over another number of devices or
@@ -267,6 +299,9 @@ class Runtime:
         tx = self.spec.train_op if self.spec is not None else None
         if state.opt_state is not None and tx is not None and (warm is not None or init_fn is not None):
             state = state.replace(opt_state=jax.jit(tx.init, out_shardings=sh.opt_state)(state.params))
+        if state.extras is not None and (warm is not None or init_fn is not None):
+            extras = jax.jit(lambda s: components.init_extras(self.model.components, s), out_shardings=sh.extras)
+            state = state.replace(extras=extras(state))
         return state
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.contracts import ArrayTree, BatchAxis, InputFn
+from tpu_estimator.api.keywords import suggest_keywords
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.api.run_config import RunConfig
 from tpu_estimator.checkpoint.reader import list_variables, load_variable
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tpu_estimator")
 
 
+@suggest_keywords
 class TPUEstimator:
     """Trains, evaluates, predicts and exports a `model_fn` on every device.
 
@@ -439,6 +441,7 @@ class TPUEstimator:
         )
 
 
+@suggest_keywords
 class Estimator(TPUEstimator):
     """The same engine on one CPU device, with no batch splitting.
 

@@ -19,12 +19,14 @@ from typing import Any, Callable, Sequence
 
 from tpu_estimator.paths import join as path_join
 from tpu_estimator.api.checks import message
+from tpu_estimator.api.keywords import suggest_keywords
 from tpu_estimator.estimator.exporters import Exporter
 from tpu_estimator.api.session_run_hook import SessionRunHook
 
 log = logging.getLogger("tpu_estimator")
 
 
+@suggest_keywords
 @dataclasses.dataclass(frozen=True)
 class TrainSpec:
     """What `train_and_evaluate` trains: `input_fn`, up to `max_steps` (None: until the input
@@ -42,6 +44,7 @@ class TrainSpec:
             raise ValueError(message("TrainSpec: `max_steps` must be > 0 or None.", f"max_steps={self.max_steps!r}"))
 
 
+@suggest_keywords
 @dataclasses.dataclass(frozen=True)
 class EvalSpec:
     """How `train_and_evaluate` evaluates.

@@ -30,6 +30,7 @@ from tpu_estimator.checkpoint import warm_start as ws
 from tpu_estimator.export import manifest as mf
 from tpu_estimator.checkpoint import flat_io as var_io
 from tpu_estimator.embedding.sharded import check_fits, whole_tables
+from tpu_estimator.model import components
 from tpu_estimator.model.state import EMBEDDING
 from tpu_estimator.paths import as_path, as_uri, is_local, join
 from tpu_estimator.version import __version__
@@ -219,6 +220,7 @@ def _variables(
         saved = raw.get(EMBEDDING) or {}
         check_fits(core.embedding_config_spec, saved.get("layout") or {}, saved.get("tables") or {})
         variables[EMBEDDING] = whole_tables(saved, core.embedding_config_spec.tables)
+    variables = components.inference_variables(core.components, raw.get("extras"), variables)
     return variables, int(ref.step)
 
 

@@ -19,6 +19,7 @@ from jax import lax
 
 from tpu_estimator.embedding.replica import update_in_replica
 from tpu_estimator.loops.strategy import primitives_of
+from tpu_estimator.model import components
 from tpu_estimator.loops.replica import (
     REPLICATED,
     Placement,
@@ -88,6 +89,7 @@ def train_step(
                 embedding.spec, embedding.collectives, state.embedding, ids, weights, act_grads, state.step
             )
         )
+    new_state = components.after_step(model.components, new_state)
     outputs = {"loss": replica_mean(loss), "host_call": host_tensors}
     return new_state, {**outputs, "summaries": replicate_summaries(summaries)}
 
@@ -170,6 +172,7 @@ def init_program(
         if embedding is not None:
             tables = embedding.tables.build(jax.random.fold_in(base, 1 << 21), with_slots=with_optimizer)
             state = state.replace(embedding=tables)
+        state = state.replace(extras=components.init_extras(model.components, state))
         return state, sv, metadata
 
     return InitProgram(build, topology, shardings)

@@ -36,6 +36,7 @@ class BoundModel:
 
     `embedding` is what the programs need to look up `embedding_config_spec`'s
     tables before calling model_fn (a `loops.embedded.Embedding`), or None.
+    `components` are the run's extra kinds of state (model/components.py).
     """
 
     model_fn: Callable[..., Any]
@@ -44,6 +45,7 @@ class BoundModel:
     params: dict[str, Any]
     config: Any
     embedding: Any = None
+    components: tuple[Any, ...] = ()
 
     def _call(self, features: Any, labels: Any) -> Any:
         if labels is not None and "labels" not in self.arg_names:

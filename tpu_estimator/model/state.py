@@ -24,6 +24,8 @@ class TrainState:
       embedding: the tables of `embedding_config_spec` and their optimizer's slots
         (an `embedding.sharded.EmbeddingState`, rows sharded over the devices), or
         None without one.
+      extras: the state of the run's `StateComponent`s (model/components.py) by
+        component name (e.g. `moving_average`), or None without any.
     """
 
     params: Any
@@ -32,6 +34,7 @@ class TrainState:
     step: jax.Array
     rng: jax.Array
     embedding: Any = None
+    extras: Any = None
 
     @classmethod
     def create(

@@ -27,6 +27,7 @@ from starlette.routing import Route
 from tpu_estimator.api.export_output import DEFAULT_SERVING_SIGNATURE_DEF_KEY as DEFAULT_SIGNATURE
 from tpu_estimator.serving import rest
 from tpu_estimator.serving.batcher import ModelRetired, QueueFull, run_padded
+from tpu_estimator.serving.defaults import DEFAULT_MAX_BODY_BYTES
 from tpu_estimator.serving.model_store import LoadedVersion, ModelStore, batchable
 
 log = logging.getLogger("tpu_estimator.serving")
@@ -40,7 +41,6 @@ _VERBS = {
     "classify": "tensorflow/serving/classify",
     "regress": "tensorflow/serving/regress",
 }
-DEFAULT_MAX_BODY_BYTES = 64 << 20
 RETRY_AFTER_SECONDS = 1
 _THREAD_PARSE_BYTES = 1 << 20  # larger bodies are parsed off the event loop
 

@@ -13,7 +13,8 @@ import sys
 from typing import Sequence
 
 from tpu_estimator.api.checks import message
-from tpu_estimator.serving.app import DEFAULT_MAX_BODY_BYTES
+# Only what needs no `serve` extra at import: `--help` works on the base install.
+from tpu_estimator.serving.defaults import DEFAULT_MAX_BODY_BYTES
 
 
 def _sizes(text: str) -> list[int]:
@@ -80,8 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.export_dir_base = _base_path(p, args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
-        import uvicorn
+        import h11  # noqa: F401
         import starlette  # noqa: F401
+        import uvicorn
     except ImportError as e:
         print(
             f"tpu-estimator serve needs the serving extras ({e.name} is missing): "

@@ -1,0 +1,1 @@
+"""Averaged weights (`TPUConfig.moving_average_decay`): a `StateComponent`."""
