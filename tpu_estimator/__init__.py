@@ -42,6 +42,12 @@ if _typing.TYPE_CHECKING:  # what type checkers and readers see; at run time `__
     from tpu_estimator.api.spec import EstimatorSpec as EstimatorSpec
     from tpu_estimator.api.spec import TPUEstimatorSpec as TPUEstimatorSpec
 
+    # --- the user's functions (typing.Protocols: api/contracts.py, api/spec.py) ---
+    from tpu_estimator.api.contracts import HostCallFn as HostCallFn
+    from tpu_estimator.api.contracts import InputFn as InputFn
+    from tpu_estimator.api.contracts import MetricFn as MetricFn
+    from tpu_estimator.api.spec import ModelFn as ModelFn
+
     # --- hooks (hooks/) ---
     from tpu_estimator.hooks import CheckpointSaverListener as CheckpointSaverListener
     from tpu_estimator.hooks import RunContext as RunContext
@@ -134,7 +140,8 @@ _LAZY = {
         "build_parsing_serving_input_receiver_fn",
     ),
     "tpu_estimator.api.example_parsing": ("FixedLenFeature", "VarLenFeature"),
-    "tpu_estimator.api.spec": ("EstimatorSpec", "TPUEstimatorSpec"),
+    "tpu_estimator.api.spec": ("EstimatorSpec", "ModelFn", "TPUEstimatorSpec"),
+    "tpu_estimator.api.contracts": ("HostCallFn", "InputFn", "MetricFn"),
     "tpu_estimator.hooks": (
         "CheckpointSaverListener",
         "RunContext",
@@ -231,11 +238,15 @@ __all__ = [
     "FinalExporter",
     "FixedLenFeature",
     "FtrlParameters",
+    "HostCallFn",
     "InputContext",
+    "InputFn",
     "InputPipelineConfig",
     "LatestExporter",
     "LoggingTensorHook",
+    "MetricFn",
     "ModeKeys",
+    "ModelFn",
     "NanLossDuringTrainingError",
     "NanTensorHook",
     "PredictOutput",

@@ -7,11 +7,12 @@ JAX tracers, and returns the value as the spec stores it.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import optax
 
 from tpu_estimator.api.checks import message, positional_arity
+from tpu_estimator.api.contracts import ArrayTree, Tensors
 from tpu_estimator.api.export_output import (
     DEFAULT_SERVING_SIGNATURE_DEF_KEY,
     ExportOutput,
@@ -23,19 +24,25 @@ from tpu_estimator.api.export_output import (
     is_floating,
 )
 from tpu_estimator.api.mode_keys import ModeKeys
+from tpu_estimator.api.scaffold import Scaffold
 from tpu_estimator.api.session_run_hook import SessionRunHook
+
+if TYPE_CHECKING:
+    from jax.typing import ArrayLike
+
+    from tpu_estimator.metrics import Metric
 
 RESERVED_METRIC_KEYS = ("loss", "global_step")
 
 
-def require(value: Any, name: str, mode: str, cls: str, fix: str) -> None:
+def require(value: object, name: str, mode: str, cls: str, fix: str) -> None:
     if value is None:
         raise ValueError(
             message(f"In mode {mode!r}, {cls} requires `{name}`.", f"{name}=None", fix)
         )
 
 
-def check_loss(loss: Any) -> Any:
+def check_loss(loss: Any) -> ArrayLike | None:
     if loss is None:
         return None
     if not is_array(loss):
@@ -65,7 +72,7 @@ def check_loss(loss: Any) -> Any:
     return loss.reshape(()) if loss.ndim == 1 else loss
 
 
-def check_predictions(predictions: Any, mode: str) -> Any:
+def check_predictions(predictions: Any, mode: str) -> ArrayTree:
     if predictions is None:
         return None
     what = "an array or a dict of str to arrays"
@@ -120,7 +127,7 @@ def check_batch_major(items: Mapping[str, Any], what: str, *, same_batch: bool) 
             )
 
 
-def check_train_op(train_op: Any) -> Any:
+def check_train_op(train_op: object) -> optax.GradientTransformation | None:
     if train_op is None or isinstance(train_op, optax.GradientTransformation):
         return train_op
     raise TypeError(
@@ -163,7 +170,7 @@ def check_hooks(hooks: Any, name: str) -> tuple[SessionRunHook, ...]:
     return hooks
 
 
-def check_eval_metric_ops(ops: Any) -> dict[str, Any] | None:
+def check_eval_metric_ops(ops: object) -> dict[str, Metric] | None:
     if ops is None:
         return None
     from tpu_estimator.metrics import Metric
@@ -200,7 +207,7 @@ def check_eval_metric_ops(ops: Any) -> dict[str, Any] | None:
 
 
 def check_export_outputs(
-    export_outputs: Any, predictions: Any, mode: str
+    export_outputs: object, predictions: ArrayTree, mode: str
 ) -> tuple[dict[str, ExportOutput] | None, bool]:
     """Returns (export_outputs, whether they are the PREDICT default)."""
     if export_outputs is None or (isinstance(export_outputs, Mapping) and not export_outputs):
@@ -240,7 +247,7 @@ def check_export_outputs(
     return outputs, False
 
 
-def check_host_call(value: Any, name: str) -> tuple[Callable[..., Any], Any] | None:
+def check_host_call(value: object, name: str) -> tuple[Callable[..., Any], Tensors] | None:
     """`eval_metrics` / `host_call`: (fn, list|tuple|dict of batch-major arrays)."""
     if value is None:
         return None
@@ -277,7 +284,9 @@ def check_host_call(value: Any, name: str) -> tuple[Callable[..., Any], Any] | N
     return fn, tensors
 
 
-def check_call_fits(fn: Callable[..., Any], tensors: Any, name: str) -> None:
+def check_call_fits(
+    fn: Callable[..., Any], tensors: tuple[ArrayLike, ...] | Mapping[str, ArrayLike], name: str
+) -> None:
     """The tensors list/dict must fit fn's parameters (positional / keyword)."""
     try:
         sig = inspect.signature(fn)
@@ -329,7 +338,7 @@ def check_call_fits(fn: Callable[..., Any], tensors: Any, name: str) -> None:
         )
 
 
-def check_scaffold_fn(scaffold_fn: Any) -> Any:
+def check_scaffold_fn(scaffold_fn: Any) -> Callable[[], Scaffold] | None:
     if scaffold_fn is None:
         return None
     ok = callable(scaffold_fn)
@@ -349,7 +358,7 @@ def check_scaffold_fn(scaffold_fn: Any) -> Any:
     return scaffold_fn
 
 
-def require_for_mode(mode: str, cls: str, predictions: Any, loss: Any, train_op: Any) -> None:
+def require_for_mode(mode: str, cls: str, predictions: object, loss: object, train_op: object) -> None:
     if mode == ModeKeys.TRAIN:
         fix = f"Return {cls}(mode, loss=loss, train_op=optax.adam(1e-3))."
         require(loss, "loss", mode, cls, fix)

@@ -17,10 +17,36 @@ There is no `tf.Session` here. A "run" is one call of the compiled loop
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Protocol, Sequence, TypeAlias, Union
 
 from tpu_estimator.api.checks import message
+from tpu_estimator.api.contracts import PyTree
 from tpu_estimator.api.export_output import describe
+
+if TYPE_CHECKING:
+    from tpu_estimator.api.run_config import RunConfig
+
+# What `SessionRunArgs` fetches: a name, or nested lists, tuples and dicts of names.
+Fetches: TypeAlias = Union[str, Sequence["Fetches"], Mapping[str, "Fetches"]]
+
+
+class Session(Protocol):
+    """What hooks and listeners receive as `session` (there is no `tf.Session`): the
+    estimator's core, read through these members."""
+
+    @property
+    def model_dir(self) -> str: ...
+
+    @property
+    def config(self) -> RunConfig: ...
+
+    @property
+    def params(self) -> Mapping[str, Any]: ...
+
+    @property
+    def global_step(self) -> int: ...
+
+    def latest_checkpoint(self) -> str | None: ...
 
 
 class SessionRunHook:
@@ -39,7 +65,7 @@ class SessionRunHook:
     def begin(self) -> None:
         """Called once before the first loop; the variables may not exist yet."""
 
-    def after_create_session(self, session: Any, coord: Any) -> None:
+    def after_create_session(self, session: Session, coord: None) -> None:
         """Called once the variables exist. `session` is the estimator's core; `coord` is None."""
 
     def before_run(self, run_context: "RunContext") -> "SessionRunArgs | None":
@@ -49,11 +75,11 @@ class SessionRunHook:
     def after_run(self, run_context: "RunContext", run_values: "SessionRunValues") -> None:
         """Called after each loop with the fetched values."""
 
-    def end(self, session: Any) -> None:
+    def end(self, session: Session) -> None:
         """Called once at the end, unless an exception stops the run. `session`: the estimator's core."""
 
 
-def _check_fetches(fetches: Any, path: str) -> None:
+def _check_fetches(fetches: object, path: str) -> None:
     if isinstance(fetches, str):
         return
     if isinstance(fetches, (list, tuple)):
@@ -74,7 +100,7 @@ def _check_fetches(fetches: Any, path: str) -> None:
     )
 
 
-def _fill(fetches: Any, values: Mapping[str, Any]) -> Any:
+def _fill(fetches: Fetches, values: Mapping[str, PyTree]) -> PyTree:
     if isinstance(fetches, str):
         if fetches not in values:
             raise ValueError(
@@ -86,13 +112,14 @@ def _fill(fetches: Any, values: Mapping[str, Any]) -> Any:
         return values[fetches]
     if isinstance(fetches, Mapping):
         return {k: _fill(f, values) for k, f in fetches.items()}
-    return type(fetches)(_fill(f, values) for f in fetches)
+    filled = [_fill(f, values) for f in fetches]
+    return filled if isinstance(fetches, list) else tuple(filled)
 
 
 class _SessionRunArgs(NamedTuple):
-    fetches: Any
+    fetches: Fetches
     feed_dict: None = None
-    options: Any = None
+    options: object = None
 
 
 class SessionRunArgs(_SessionRunArgs):
@@ -112,7 +139,7 @@ class SessionRunArgs(_SessionRunArgs):
 
     __slots__ = ()
 
-    def __new__(cls, fetches: Any, feed_dict: None = None, options: Any = None) -> "SessionRunArgs":
+    def __new__(cls, fetches: Fetches, feed_dict: None = None, options: object = None) -> "SessionRunArgs":
         _check_fetches(fetches, "fetches")
         if feed_dict is not None:
             raise ValueError(
@@ -125,7 +152,7 @@ class SessionRunArgs(_SessionRunArgs):
             )
         return super().__new__(cls, fetches, feed_dict, options)
 
-    def resolve(self, values: Mapping[str, Any]) -> Any:
+    def resolve(self, values: Mapping[str, PyTree]) -> PyTree:
         """The fetches with each name replaced by `values[name]` (same structure).
 
         Raises:
@@ -145,9 +172,9 @@ class SessionRunValues(NamedTuple):
       global_step: The global step reached by the loop.
     """
 
-    results: Any
-    options: Any = None
-    run_metadata: Any = None
+    results: PyTree
+    options: None = None
+    run_metadata: None = None
     global_step: int | None = None
 
 
@@ -159,7 +186,7 @@ class RunContext:
       session: The estimator's core (there is no `tf.Session`; see `SessionRunHook`).
     """
 
-    def __init__(self, original_args: SessionRunArgs | None = None, session: Any = None) -> None:
+    def __init__(self, original_args: SessionRunArgs | None = None, session: Session | None = None) -> None:
         self._original_args = original_args
         self._session = session
         self._stop_requested = False
@@ -169,7 +196,7 @@ class RunContext:
         return self._original_args
 
     @property
-    def session(self) -> Any:
+    def session(self) -> Session | None:
         """The estimator's core: `model_dir`, `config`, `params`, `global_step`, ..."""
         return self._session
 

@@ -11,17 +11,23 @@ spec can be returned from a jitted function.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Protocol
 
 import jax
 import optax
 
 from tpu_estimator.api import _spec_checks as checks
 from tpu_estimator.api.checks import message
+from tpu_estimator.api.contracts import ArrayTree, EvalMetrics, HostCall
 from tpu_estimator.api.export_output import ExportOutput, describe
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.api.scaffold import Scaffold
 from tpu_estimator.api.session_run_hook import SessionRunHook
+
+if TYPE_CHECKING:
+    from jax.typing import ArrayLike
+
+    from tpu_estimator.metrics import Metric
 
 
 class _Spec:
@@ -101,13 +107,13 @@ class _Spec:
         return obj
 
 
-def _describe_all(values: Any) -> str:
+def _describe_all(values: Mapping[str, Any] | Iterable[Any]) -> str:
     if isinstance(values, Mapping):
         return "{" + ", ".join(f"{k!r}: {describe(x)}" for k, x in values.items()) + "}"
     return "[" + ", ".join(describe(x) for x in values) + "]"
 
 
-def _set_all(obj: Any, values: dict[str, Any]) -> None:
+def _set_all(obj: _Spec, values: dict[str, Any]) -> None:
     for name, value in values.items():
         object.__setattr__(obj, name, value)
 
@@ -159,10 +165,10 @@ class EstimatorSpec(_Spec):
     )
 
     mode: str
-    predictions: Any
-    loss: Any
+    predictions: ArrayTree
+    loss: ArrayLike | None
     train_op: optax.GradientTransformation | None
-    eval_metric_ops: dict[str, Any] | None
+    eval_metric_ops: dict[str, Metric] | None
     export_outputs: dict[str, ExportOutput] | None
     training_chief_hooks: tuple[SessionRunHook, ...]
     training_hooks: tuple[SessionRunHook, ...]
@@ -173,10 +179,10 @@ class EstimatorSpec(_Spec):
     def __init__(
         self,
         mode: str,
-        predictions: Any = None,
-        loss: Any = None,
+        predictions: ArrayTree = None,
+        loss: ArrayLike | None = None,
         train_op: optax.GradientTransformation | None = None,
-        eval_metric_ops: Mapping[str, Any] | None = None,
+        eval_metric_ops: Mapping[str, Metric] | None = None,
         export_outputs: Mapping[str, ExportOutput] | None = None,
         training_chief_hooks: Iterable[SessionRunHook] | None = None,
         training_hooks: Iterable[SessionRunHook] | None = None,
@@ -258,13 +264,13 @@ class TPUEstimatorSpec(_Spec):
     _PAIR_FIELDS: ClassVar[tuple[str, ...]] = ("eval_metrics", "host_call")
 
     mode: str
-    predictions: Any
-    loss: Any
+    predictions: ArrayTree
+    loss: ArrayLike | None
     train_op: optax.GradientTransformation | None
-    eval_metrics: tuple[Callable[..., Any], Any] | None
+    eval_metrics: EvalMetrics | None
     export_outputs: dict[str, ExportOutput] | None
     scaffold_fn: Callable[[], Scaffold] | None
-    host_call: tuple[Callable[..., Any], Any] | None
+    host_call: HostCall | None
     training_hooks: tuple[SessionRunHook, ...]
     evaluation_hooks: tuple[SessionRunHook, ...]
     prediction_hooks: tuple[SessionRunHook, ...]
@@ -272,13 +278,13 @@ class TPUEstimatorSpec(_Spec):
     def __init__(
         self,
         mode: str,
-        predictions: Any = None,
-        loss: Any = None,
+        predictions: ArrayTree = None,
+        loss: ArrayLike | None = None,
         train_op: optax.GradientTransformation | None = None,
-        eval_metrics: tuple[Callable[..., Any], Any] | None = None,
+        eval_metrics: EvalMetrics | None = None,
         export_outputs: Mapping[str, ExportOutput] | None = None,
         scaffold_fn: Callable[[], Scaffold] | None = None,
-        host_call: tuple[Callable[..., Any], Any] | None = None,
+        host_call: HostCall | None = None,
         training_hooks: Iterable[SessionRunHook] | None = None,
         evaluation_hooks: Iterable[SessionRunHook] | None = None,
         prediction_hooks: Iterable[SessionRunHook] | None = None,
@@ -355,6 +361,21 @@ class TPUEstimatorSpec(_Spec):
             evaluation_hooks=self.evaluation_hooks,
             prediction_hooks=self.prediction_hooks,
         )
+
+
+class ModelFn(Protocol):
+    """`model_fn(features, [labels], [mode], [params], [config]) -> spec`.
+
+    Takes `features` (an array or a dict of arrays: this replica's share of the batch)
+    and any of `labels` (the same, or None in PREDICT), `mode` (a `ModeKeys` value),
+    `params` (a dict: the estimator's params with `batch_size` and `use_tpu` set) and
+    `config` (the `RunConfig`), by name; returns an `EstimatorSpec` or a
+    `TPUEstimatorSpec`. Written `(*args: Any, **kwargs: Any)` (what a type checker reads
+    as `Callable[..., spec]`): the estimator checks the names when it is built
+    (api/contracts.py says why).
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> EstimatorSpec | TPUEstimatorSpec: ...
 
 
 for cls in (EstimatorSpec, TPUEstimatorSpec):

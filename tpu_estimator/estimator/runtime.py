@@ -7,7 +7,7 @@ The core keeps one Runtime per (mode, batch size), so a second call of
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import jax
 import numpy as np
@@ -32,9 +32,32 @@ from tpu_estimator.parallel import partitioning
 from tpu_estimator.parallel.layout import DataLayout
 
 if TYPE_CHECKING:
-    from tpu_estimator.estimator.core import Core
+    from tpu_estimator.api.run_config import RunConfig
+    from tpu_estimator.model.module import BoundModel
+    from tpu_estimator.parallel.mesh import Topology
 
 log = logging.getLogger("tpu_estimator")
+
+
+class RuntimeOwner(Protocol):
+    """What a Runtime reads from the object that keeps it (the estimator's `Core`): the
+    Runtime names this, not the Core, so neither module imports the other."""
+
+    @property
+    def config(self) -> RunConfig: ...
+
+    @property
+    def topology(self) -> Topology: ...
+
+    @property
+    def use_tpu(self) -> bool: ...
+
+    @property
+    def warm_start_from(self) -> Any: ...
+
+    def bind(self, mode: str, *, batch_size: int | None = None) -> BoundModel: ...
+
+    def view(self, mode: str) -> Callable[[Any], SpecView]: ...
 
 
 class Runtime:
@@ -45,7 +68,7 @@ class Runtime:
     host_call_fn and scaffold are what the drivers use on the host.
     """
 
-    def __init__(self, core: "Core", mode: str, layout: DataLayout) -> None:
+    def __init__(self, core: RuntimeOwner, mode: str, layout: DataLayout) -> None:
         self.core = core
         self.mode = mode
         self.layout = layout

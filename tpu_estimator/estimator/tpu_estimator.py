@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from tpu_estimator.api.checks import message
+from tpu_estimator.api.contracts import ArrayTree, BatchAxis, InputFn
 from tpu_estimator.api.keywords import suggest_keywords
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.api.run_config import RunConfig
@@ -18,6 +19,13 @@ from tpu_estimator.estimator import arguments, evaluation, prediction, training
 from tpu_estimator.estimator.core import Core, ExportFlags
 from tpu_estimator.model.call import check_model_fn
 from tpu_estimator.parallel.distributed import initialize_cluster
+
+if TYPE_CHECKING:
+    from tpu_estimator.api.serving_input import ServingInputReceiver
+    from tpu_estimator.api.session_run_hook import SessionRunHook
+    from tpu_estimator.api.spec import ModelFn
+    from tpu_estimator.checkpoint.warm_start import WarmStartSettings
+    from tpu_estimator.hooks.listener import CheckpointSaverListener
 
 log = logging.getLogger("tpu_estimator")
 
@@ -80,7 +88,7 @@ class TPUEstimator:
 
     def __init__(
         self,
-        model_fn: Callable[..., Any],
+        model_fn: ModelFn,
         model_dir: str | None = None,
         config: RunConfig | None = None,
         params: dict[str, Any] | None = None,
@@ -88,11 +96,11 @@ class TPUEstimator:
         train_batch_size: int | None = None,
         eval_batch_size: int | None = None,
         predict_batch_size: int | None = None,
-        batch_axis: Sequence[Any] | None = None,
+        batch_axis: BatchAxis = None,
         eval_on_tpu: bool = True,
         export_to_tpu: bool = True,
         export_to_cpu: bool = True,
-        warm_start_from: Any = None,
+        warm_start_from: str | os.PathLike[str] | WarmStartSettings | None = None,
         embedding_config_spec: Any = None,
         export_saved_model_api_version: int = 1,
     ) -> None:
@@ -144,7 +152,7 @@ class TPUEstimator:
         return dict(self._core.params)
 
     @property
-    def model_fn(self) -> Callable[..., Any]:
+    def model_fn(self) -> ModelFn:
         """The model_fn bound to `self.params` (when it takes `params`)."""
         if "params" in self._core.model_fn_args:
             return functools.partial(self._core.model_fn, params=self.params)
@@ -213,11 +221,11 @@ class TPUEstimator:
 
     def train(
         self,
-        input_fn: Callable[..., Any],
-        hooks: Sequence[Any] | None = None,
+        input_fn: InputFn,
+        hooks: Sequence[SessionRunHook] | None = None,
         steps: int | None = None,
         max_steps: int | None = None,
-        saving_listeners: Sequence[Any] | None = None,
+        saving_listeners: Sequence[CheckpointSaverListener] | None = None,
     ) -> "TPUEstimator":
         """Trains the model on `input_fn`'s batches.
 
@@ -254,9 +262,9 @@ class TPUEstimator:
 
     def evaluate(
         self,
-        input_fn: Callable[..., Any],
+        input_fn: InputFn,
         steps: int | None = None,
-        hooks: Sequence[Any] | None = None,
+        hooks: Sequence[SessionRunHook] | None = None,
         checkpoint_path: str | None = None,
         name: str | None = None,
     ) -> dict[str, Any]:
@@ -277,12 +285,12 @@ class TPUEstimator:
 
     def predict(
         self,
-        input_fn: Callable[..., Any],
+        input_fn: InputFn,
         predict_keys: Sequence[str] | None = None,
-        hooks: Sequence[Any] | None = None,
+        hooks: Sequence[SessionRunHook] | None = None,
         checkpoint_path: str | None = None,
         yield_single_examples: bool = True,
-    ) -> Iterator[Any]:
+    ) -> Iterator[ArrayTree]:
         """Yields predictions, one per input example (or one per batch).
 
         A final short batch is padded and its padding dropped.
@@ -301,7 +309,7 @@ class TPUEstimator:
     def export_saved_model(
         self,
         export_dir_base: str | os.PathLike[str],
-        serving_input_receiver_fn: Callable[[], Any],
+        serving_input_receiver_fn: Callable[[], ServingInputReceiver],
         assets_extra: dict[str, str] | None = None,
         as_text: bool = False,
         checkpoint_path: str | None = None,
@@ -354,7 +362,7 @@ class TPUEstimator:
     def export_savedmodel(
         self,
         export_dir_base: str | os.PathLike[str],
-        serving_input_receiver_fn: Callable[[], Any],
+        serving_input_receiver_fn: Callable[[], ServingInputReceiver],
         assets_extra: dict[str, str] | None = None,
         as_text: bool = False,
         checkpoint_path: str | None = None,
@@ -392,7 +400,7 @@ class TPUEstimator:
     def experimental_export_all_saved_models(
         self,
         export_dir_base: str | os.PathLike[str],
-        input_receiver_fn_map: dict[str, Callable[[], Any]],
+        input_receiver_fn_map: dict[str, Callable[[], ServingInputReceiver]],
         assets_extra: dict[str, str] | None = None,
         as_text: bool = False,
         checkpoint_path: str | None = None,
@@ -443,11 +451,11 @@ class Estimator(TPUEstimator):
 
     def __init__(
         self,
-        model_fn: Callable[..., Any],
+        model_fn: ModelFn,
         model_dir: str | None = None,
         config: RunConfig | None = None,
         params: dict[str, Any] | None = None,
-        warm_start_from: Any = None,
+        warm_start_from: str | os.PathLike[str] | WarmStartSettings | None = None,
     ) -> None:
         super().__init__(
             model_fn,

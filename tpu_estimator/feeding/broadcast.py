@@ -28,6 +28,8 @@ import time
 import weakref
 from typing import Any, Iterable, Iterator
 
+from tpu_estimator.api.contracts import ArrayTree
+
 import jax
 import numpy as np
 
@@ -42,7 +44,7 @@ _DATA, _END = b"D", b"E"
 _CLOSED = object()
 
 
-def broadcast_batches(iterator: Iterable[Any], *, num_hosts: int) -> Iterator[Any]:
+def broadcast_batches(iterator: Iterable[ArrayTree], *, num_hosts: int) -> Iterator[ArrayTree]:
     """On host 0: yields `iterator`'s elements and sends each to the other hosts.
 
     Connects now (every host must open the input at the same point): the
@@ -58,14 +60,14 @@ def broadcast_batches(iterator: Iterable[Any], *, num_hosts: int) -> Iterator[An
     return sending(iterator, conns)
 
 
-def received_batches() -> Iterator[Any]:
+def received_batches() -> Iterator[ArrayTree]:
     """On the other hosts: the elements host 0 sends with `broadcast_batches` (connects now)."""
     info = _share_info(None)
     conn = connect_to_host0(info["addresses"], int(info["port"]), bytes.fromhex(info["key"]), me=jax.process_index())
     return receiving(conn)
 
 
-def sending(iterator: Iterable[Any], conns: list[socket.socket]) -> Iterator[Any]:
+def sending(iterator: Iterable[ArrayTree], conns: list[socket.socket]) -> Iterator[ArrayTree]:
     """Yields `iterator`'s elements, each sent (pickled, by a thread per connection) to `conns`.
 
     The end of `iterator` is sent as such; closing the generator early closes the connections.
@@ -77,7 +79,7 @@ def sending(iterator: Iterable[Any], conns: list[socket.socket]) -> Iterator[Any
     return batches
 
 
-def _sending(iterator: Iterator[Any], senders: list["_Sender"]) -> Iterator[Any]:
+def _sending(iterator: Iterator[ArrayTree], senders: list["_Sender"]) -> Iterator[ArrayTree]:
     ended = False
     try:
         for element in iterator:
@@ -95,7 +97,7 @@ def _finish(senders: list["_Sender"], *, ended: bool = False) -> None:
         sender.finish(ended)
 
 
-def receiving(conn: socket.socket) -> Iterator[Any]:
+def receiving(conn: socket.socket) -> Iterator[ArrayTree]:
     """The elements `sending` sends down `conn`, until its end (closes `conn`)."""
     try:
         while True:

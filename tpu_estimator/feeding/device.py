@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from tpu_estimator.api.contracts import PyTree
 from tpu_estimator.parallel.mesh import DATA, Topology
+
+if TYPE_CHECKING:
+    from jax.typing import ArrayLike, DTypeLike
 
 # Most bytes of stacked input one program receives; a longer loop is fed in chunks. With the
 # feeder one chunk ahead, ~2 chunks are alive: 32 MB kept an MLP's peak RSS at 1.22x a
@@ -33,7 +37,7 @@ def chunk_steps(size: int, per_batch: int, max_bytes: int = MAX_CHUNK_BYTES) -> 
     return -(-size // fewest)
 
 
-def batch_specs(axes: Any, *, leading: int = 0, replicated: bool = False) -> Any:
+def batch_specs(axes: PyTree, *, leading: int = 0, replicated: bool = False) -> PyTree:
     """PartitionSpecs for a batch pytree whose leaves' batch axes are `axes`."""
 
     def spec(axis: int) -> P:
@@ -44,7 +48,7 @@ def batch_specs(axes: Any, *, leading: int = 0, replicated: bool = False) -> Any
     return jax.tree.map(spec, axes)
 
 
-def stack(trees: list[Any]) -> Any:
+def stack(trees: list[PyTree]) -> PyTree:
     """The trees' leaves stacked on a new leading axis (the input of a scanned loop).
 
     Each stacked leaf is written once, into 64-byte aligned memory (`aligned_empty`),
@@ -53,7 +57,7 @@ def stack(trees: list[Any]) -> Any:
     run. On other devices the buffer is copied as any array; nothing else keeps it.
     """
 
-    def one(*leaves: Any) -> np.ndarray:
+    def one(*leaves: ArrayLike) -> np.ndarray:
         first = np.asarray(leaves[0])
         out = aligned_empty((len(leaves), *first.shape), first.dtype)
         np.stack(leaves, out=out)
@@ -62,7 +66,7 @@ def stack(trees: list[Any]) -> Any:
     return jax.tree.map(one, *trees)
 
 
-def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+def aligned_empty(shape: tuple[int, ...], dtype: DTypeLike) -> np.ndarray:
     """An uninitialised array whose data starts at a 64-byte boundary: XLA:CPU's
     device_put keeps such a host buffer as the device array itself, and copies numpy's
     own arrays (16-byte aligned). The memory comes from malloc's heap, so a loop's next
@@ -84,15 +88,15 @@ class Placer:
     one `device_put` call (the feeder's per-step cost); on several, one call per array.
     """
 
-    def __init__(self, specs: Any, topology: Topology) -> None:
+    def __init__(self, specs: PyTree, topology: Topology) -> None:
         self._shardings = jax.tree.map(
             lambda spec: NamedSharding(topology.mesh, spec), specs, is_leaf=lambda x: isinstance(x, P)
         )
 
-    def __call__(self, tree: Any) -> Any:
+    def __call__(self, tree: PyTree) -> PyTree:
         return self.many([tree])[0]
 
-    def many(self, trees: list[Any]) -> list[Any]:
+    def many(self, trees: list[PyTree]) -> list[PyTree]:
         """Places several trees of this structure in one call (one `device_put` on one host:
         the per-call overhead, ~40 us of Python, is paid once per group, not per batch)."""
         if jax.process_count() == 1:

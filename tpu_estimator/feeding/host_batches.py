@@ -10,31 +10,37 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypeAlias, Union
 
 import jax
 import numpy as np
 
 from tpu_estimator.api.checks import message
+from tpu_estimator.api.contracts import ArrayTree, BatchAxis
 
 log = logging.getLogger("tpu_estimator")
+
+# features or labels on the host, once normalised: an array or a dict of arrays (None: no labels)
+HostArrays: TypeAlias = Union[np.ndarray, dict[str, np.ndarray], None]
+# their batch axes: an int per array, with the same structure
+Axes: TypeAlias = Union[int, dict[str, int], None]
 
 
 @dataclasses.dataclass(frozen=True)
 class HostBatch:
     """One step's batch on the host: `size` examples, of which the first `num_real` are real."""
 
-    features: Any
-    labels: Any
+    features: HostArrays
+    labels: HostArrays
     num_real: int
     size: int
 
     @property
-    def tree(self) -> tuple[Any, Any]:
+    def tree(self) -> tuple[HostArrays, HostArrays]:
         return (self.features, self.labels)
 
 
-def as_iterable(dataset: Any) -> Iterable[Any]:
+def as_iterable(dataset: Any) -> Iterable[ArrayTree]:
     """What `input_fn` returned, as an iterable (a tf.data.Dataset through as_numpy_iterator)."""
     if hasattr(dataset, "as_numpy_iterator"):
         return dataset.as_numpy_iterator()
@@ -50,7 +56,7 @@ def as_iterable(dataset: Any) -> Iterable[Any]:
     return dataset
 
 
-def split_element(element: Any) -> tuple[Any, Any]:
+def split_element(element: ArrayTree) -> tuple[HostArrays, HostArrays]:
     """(features, labels) as numpy pytrees; labels None when absent."""
     if isinstance(element, tuple) and len(element) == 2:
         features, labels = element
@@ -66,7 +72,7 @@ def split_element(element: Any) -> tuple[Any, Any]:
     return _to_numpy(features, "features"), _to_numpy(labels, "labels")
 
 
-def _to_numpy(tree: Any, what: str) -> Any:
+def _to_numpy(tree: ArrayTree, what: str) -> HostArrays:
     if tree is None:
         return None
     if isinstance(tree, dict):
@@ -74,7 +80,7 @@ def _to_numpy(tree: Any, what: str) -> Any:
     return np.asarray(tree)
 
 
-def batch_axes(batch_axis: Any, features: Any, labels: Any) -> tuple[Any, Any]:
+def batch_axes(batch_axis: BatchAxis, features: HostArrays, labels: HostArrays) -> tuple[Axes, Axes]:
     """Per-leaf batch axes from `batch_axis`: None (all 0), or (features, labels) with ints or dicts."""
     if batch_axis is None:
         return jax.tree.map(lambda _: 0, (features, labels))
@@ -89,10 +95,10 @@ def batch_axes(batch_axis: Any, features: Any, labels: Any) -> tuple[Any, Any]:
     f_axis = batch_axis[0]
     l_axis = batch_axis[1] if len(batch_axis) == 2 else 0
 
-    def expand(axis: Any, tree: Any, what: str) -> Any:
+    def expand(axis: int | Mapping[str, int], tree: HostArrays, what: str) -> Axes:
         if tree is None:
             return None
-        if isinstance(axis, dict):
+        if isinstance(axis, Mapping):
             if not isinstance(tree, dict) or set(axis) != set(tree):
                 raise ValueError(
                     message(
@@ -112,13 +118,13 @@ class HostBatches:
 
     def __init__(
         self,
-        iterable: Iterable[Any],
+        iterable: Iterable[ArrayTree],
         *,
         batch_size: int | None,
-        batch_axis: Any,
+        batch_axis: BatchAxis,
         pad_final: bool,
         pulls: int = 1,
-        features_fn: Callable[[Any], Any] | None = None,
+        features_fn: Callable[[HostArrays], HostArrays] | None = None,
     ) -> None:
         self._it = iter(iterable)
         self._features_fn = features_fn
@@ -126,12 +132,12 @@ class HostBatches:
         self._batch_axis = batch_axis
         self._pad_final = pad_final
         self._pulls = pulls
-        self._first: tuple[Any, Any] | None = None
-        self.axes: tuple[Any, Any] | None = None
-        self._peeked: tuple[Any, Any] | None = None
+        self._first: tuple[HostArrays, HostArrays] | None = None
+        self.axes: tuple[Axes, Axes] | None = None
+        self._peeked: tuple[HostArrays, HostArrays] | None = None
         self._done = False
 
-    def _next_raw(self) -> tuple[Any, Any] | None:
+    def _next_raw(self) -> tuple[HostArrays, HostArrays] | None:
         if self._peeked is not None:
             out, self._peeked = self._peeked, None
             return out
@@ -188,7 +194,7 @@ class HostBatches:
         )
         return HostBatch(padded[0], padded[1], n, self._batch_size)
 
-    def _check(self, tree: tuple[Any, Any]) -> int:
+    def _check(self, tree: tuple[HostArrays, HostArrays]) -> int:
         """Number of examples in `tree`; raises on a structure or shape change."""
         first = self._first
         if jax.tree.structure(tree) != jax.tree.structure(first):
@@ -250,7 +256,7 @@ def _pad(x: np.ndarray, axis: int, size: int) -> np.ndarray:
     return np.pad(x, widths)
 
 
-def _name(path: Any) -> str:
+def _name(path: jax.tree_util.KeyPath) -> str:
     keys = [str(getattr(p, "key", getattr(p, "idx", p))) for p in path]
     head = {"0": "features", "1": "labels"}.get(keys[0], keys[0]) if keys else "input"
     return "/".join([head, *keys[1:]])

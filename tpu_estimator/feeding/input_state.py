@@ -10,18 +10,26 @@ beginning of what `input_fn` returns, as in the original.
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Any, Mapping, Protocol, TypeGuard
 
 _BYTES = "__bytes_base64__"
 
 
-def is_checkpointable(iterator: Any) -> bool:
+class Checkpointable(Protocol):
+    """An iterator whose position can be saved and restored (grain's iterators)."""
+
+    def get_state(self) -> object: ...
+
+    def set_state(self, state: Any) -> None: ...  # what get_state returned (its own format)
+
+
+def is_checkpointable(iterator: object) -> TypeGuard[Checkpointable]:
     return callable(getattr(iterator, "get_state", None)) and callable(
         getattr(iterator, "set_state", None)
     )
 
 
-def get_input_state(iterator: Any) -> Any:
+def get_input_state(iterator: object) -> dict[str, object] | None:
     """The iterator's state as JSON-able data, or None if it has none."""
     if not is_checkpointable(iterator):
         return None
@@ -31,7 +39,7 @@ def get_input_state(iterator: Any) -> Any:
     return {"state": state}
 
 
-def set_input_state(iterator: Any, saved: Any) -> bool:
+def set_input_state(iterator: object, saved: Mapping[str, Any] | None) -> bool:
     """Restores `saved` (from `get_input_state`) into the iterator; False if not possible."""
     if saved is None or not is_checkpointable(iterator):
         return False

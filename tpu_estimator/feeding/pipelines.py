@@ -7,15 +7,19 @@ batches are taken in turn; BROADCAST and SLICED call it on host 0 only.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
+from tpu_estimator.api.contracts import ArrayTree, BatchAxis, InputFn
 from tpu_estimator.api.tpu_config import InputPipelineConfig
 from tpu_estimator.feeding.broadcast import broadcast_batches, received_batches
-from tpu_estimator.feeding.host_batches import HostBatches, as_iterable
+from tpu_estimator.feeding.host_batches import HostArrays, HostBatches, as_iterable
 from tpu_estimator.feeding.input_state import get_input_state, is_checkpointable, set_input_state
 from tpu_estimator.model.call import call_with
 from tpu_estimator.parallel.input_context import InputContext
 from tpu_estimator.parallel.layout import DataLayout
+
+if TYPE_CHECKING:
+    from tpu_estimator.api.run_config import RunConfig
 
 
 class Interleaved:
@@ -24,7 +28,7 @@ class Interleaved:
     Checkpointable (`get_state`/`set_state`) when every iterator is.
     """
 
-    def __init__(self, iterators: list[Iterator[Any]]) -> None:
+    def __init__(self, iterators: list[Iterator[ArrayTree]]) -> None:
         self._its = iterators
         self._next = 0
         if all(is_checkpointable(it) for it in iterators):
@@ -34,15 +38,15 @@ class Interleaved:
     def __iter__(self) -> "Interleaved":
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> ArrayTree:
         item = next(self._its[self._next])
         self._next = (self._next + 1) % len(self._its)
         return item
 
-    def _get_state(self) -> Any:
+    def _get_state(self) -> dict[str, object]:
         return {"next": self._next, "pipelines": [get_input_state(it) for it in self._its]}
 
-    def _set_state(self, state: Any) -> None:
+    def _set_state(self, state: Mapping[str, Any]) -> None:
         self._next = int(state["next"])
         for it, saved in zip(self._its, state["pipelines"]):
             set_input_state(it, saved)
@@ -64,17 +68,17 @@ def contexts(layout: DataLayout) -> list[InputContext]:
 
 
 def open_input(
-    input_fn: Callable[..., Any],
+    input_fn: InputFn,
     names: frozenset[str],
     *,
     layout: DataLayout,
     params: dict[str, Any],
-    config: Any,
+    config: RunConfig,
     mode: str,
-    batch_axis: Any,
+    batch_axis: BatchAxis,
     pad_final: bool,
-    features_fn: Callable[[Any], Any] | None = None,
-) -> tuple[HostBatches, Any]:
+    features_fn: Callable[[HostArrays], HostArrays] | None = None,
+) -> tuple[HostBatches, Iterator[ArrayTree]]:
     """Calls input_fn as `layout` says; (validated host batches, the raw iterator).
     `features_fn` checks and converts each element's features first (embedding ids)."""
     params = dict(params)
@@ -86,7 +90,7 @@ def open_input(
         for ctx in contexts(layout)
     ]
     if not iterators:  # not host 0 in BROADCAST/SLICED: host 0's batches arrive by broadcast
-        iterator: Any = received_batches()
+        iterator: Iterator[ArrayTree] = received_batches()
     elif len(iterators) == 1:
         iterator = iterators[0]
     else:

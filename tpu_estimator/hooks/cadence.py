@@ -19,9 +19,12 @@ Example:
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tpu_estimator.api.checks import message
+
+if TYPE_CHECKING:
+    from tpu_estimator.api.session_run_hook import Session
 
 __all__ = ["Cadence", "global_step_of"]
 
@@ -88,6 +91,6 @@ class Cadence:
         return elapsed, steps
 
 
-def global_step_of(session: Any) -> int:
+def global_step_of(session: Session | None) -> int:
     """The current global step as `session` (the estimator's core) knows it; 0 if it cannot tell."""
     return int(getattr(session, "global_step", 0) or 0)

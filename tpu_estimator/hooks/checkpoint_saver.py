@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 from tpu_estimator.checkpoint.manager import Checkpointer
+from tpu_estimator.api.contracts import PyTree
 from tpu_estimator.hooks.cadence import Cadence
+from tpu_estimator.hooks.listener import CheckpointSaverListener
 from tpu_estimator.hooks.listener import check_listeners, save_with_listeners
 from tpu_estimator.paths import as_uri
 from tpu_estimator.api.session_run_hook import (
     RunContext,
+    Session,
     SessionRunArgs,
     SessionRunHook,
     SessionRunValues,
@@ -43,14 +46,14 @@ class CheckpointSaverHook(SessionRunHook):
         checkpoint_dir: str,
         save_secs: float | None = None,
         save_steps: int | None = None,
-        listeners: Sequence[Any] | None = None,
+        listeners: Sequence[CheckpointSaverListener] | None = None,
     ) -> None:
         self._dir = as_uri(checkpoint_dir, arg="checkpoint_dir")
         self._timer = Cadence.exactly_one(save_steps, save_secs, who="CheckpointSaverHook", names=("save_steps", "save_secs"))
         self._listeners = check_listeners(listeners)
-        self._ckpt: Checkpointer | None = None
+        self._ckpt: Checkpointer  # model_dir's (shared) or its own: set by after_create_session
         self._own = False
-        self._state: Any = None
+        self._state: PyTree = None
         self._step: int | None = None
         self._saved_step: int | None = None
 
@@ -58,9 +61,11 @@ class CheckpointSaverHook(SessionRunHook):
         for lis in self._listeners:
             lis.begin()
 
-    def after_create_session(self, session: Any, coord: Any) -> None:
-        if as_uri(session.model_dir, arg="model_dir") == self._dir:
-            self._ckpt = session.checkpointer  # one Orbax manager per directory
+    def after_create_session(self, session: Session, coord: None) -> None:
+        self._session = session  # the core: what listeners receive
+        shared: Checkpointer | None = getattr(session, "checkpointer", None)  # the core's, of model_dir
+        if as_uri(session.model_dir, arg="model_dir") == self._dir and shared is not None:
+            self._ckpt = shared  # one Orbax manager per directory
         else:
             self._ckpt, self._own = Checkpointer(self._dir), True
         self._saved_step = session.global_step  # train() has saved the step it starts from
@@ -72,18 +77,19 @@ class CheckpointSaverHook(SessionRunHook):
         self._state, self._step = run_values.results, run_values.global_step or 0
         if self._timer.due(self._step):
             self._timer.mark(self._step)
-            if self._save(run_context.session):
+            if self._save(self._session):
                 run_context.request_stop()
 
-    def end(self, session: Any) -> None:
+    def end(self, session: Session) -> None:
         if self._state is not None and self._step != self._saved_step:
             self._save(session)
         for lis in self._listeners:
             lis.end(session, self._step)
         self._ckpt.wait()
         self._state = None  # do not keep device buffers alive
+        del self._session  # nor the core (after_create_session sets it again)
 
-    def _save(self, session: Any) -> bool:
+    def _save(self, session: Session) -> bool:
         """Saves the current step once; True if a listener asks to stop."""
         self._saved_step = self._step
         return save_with_listeners(self._ckpt, self._step, self._state, self._listeners, session)

@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import logging
 import operator
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.hooks.cadence import Cadence
 from tpu_estimator.api.session_run_hook import RunContext, SessionRunHook, SessionRunValues
 from tpu_estimator.paths import as_uri
 from tpu_estimator.summary.eval_results import read_eval_results
+
+class Evaluating(Protocol):
+    """The estimator as these hooks read it: where its evaluations are recorded."""
+
+    def eval_dir(self, name: str | None = None) -> str: ...
+
 
 log = logging.getLogger("tpu_estimator")
 
@@ -36,7 +42,7 @@ class _StopOnPredicateHook(SessionRunHook):
 
 
 def make_early_stopping_hook(
-    estimator: Any,
+    estimator: object,
     should_stop_fn: Callable[[], bool],
     run_every_secs: float | None = 60,
     run_every_steps: int | None = None,
@@ -95,7 +101,7 @@ def _threshold_fn(estimator, metric_name, threshold, eval_dir, min_steps, beyond
 
 
 def stop_if_no_increase_hook(
-    estimator: Any,
+    estimator: Evaluating,
     metric_name: str,
     max_steps_without_increase: int,
     eval_dir: str | None = None,
@@ -116,7 +122,7 @@ def stop_if_no_increase_hook(
 
 
 def stop_if_no_decrease_hook(
-    estimator: Any,
+    estimator: Evaluating,
     metric_name: str,
     max_steps_without_decrease: int,
     eval_dir: str | None = None,
@@ -131,7 +137,7 @@ def stop_if_no_decrease_hook(
 
 
 def stop_if_higher_hook(
-    estimator: Any, metric_name: str, threshold: float, eval_dir: str | None = None,
+    estimator: Evaluating, metric_name: str, threshold: float, eval_dir: str | None = None,
     min_steps: int = 0, run_every_secs: float | None = 60, run_every_steps: int | None = None,
 ) -> SessionRunHook:
     """Stops training once an evaluation reports `metric_name` > `threshold`."""
@@ -140,7 +146,7 @@ def stop_if_higher_hook(
 
 
 def stop_if_lower_hook(
-    estimator: Any, metric_name: str, threshold: float, eval_dir: str | None = None,
+    estimator: Evaluating, metric_name: str, threshold: float, eval_dir: str | None = None,
     min_steps: int = 0, run_every_secs: float | None = 60, run_every_steps: int | None = None,
 ) -> SessionRunHook:
     """Stops training once an evaluation reports `metric_name` < `threshold`."""

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from tpu_estimator.api.checks import message
+from tpu_estimator.api.contracts import PyTree
+from tpu_estimator.api.session_run_hook import Session
+
+if TYPE_CHECKING:
+    from tpu_estimator.checkpoint.manager import Checkpointer
 
 __all__ = ["CheckpointSaverListener", "check_listeners", "save_with_listeners"]
 
@@ -25,25 +30,25 @@ class CheckpointSaverListener:
     def begin(self) -> None:
         """Called once before training starts."""
 
-    def before_save(self, session: Any, global_step_value: int) -> None:
+    def before_save(self, session: Session, global_step_value: int) -> None:
         """Called before each checkpoint save."""
 
-    def after_save(self, session: Any, global_step_value: int) -> bool | None:
+    def after_save(self, session: Session, global_step_value: int) -> bool | None:
         """Called after each checkpoint save. Returning True requests training to stop."""
         return None
 
-    def end(self, session: Any, global_step_value: int) -> None:
+    def end(self, session: Session, global_step_value: int) -> None:
         """Called once at the end of training, after the last save."""
 
 
-def check_listeners(listeners: Sequence[Any] | None) -> list[CheckpointSaverListener]:
+def check_listeners(listeners: Sequence[object] | None) -> list[CheckpointSaverListener]:
     """`listeners` as a list, each a CheckpointSaverListener.
 
     Raises:
       TypeError: an element is not a CheckpointSaverListener.
     """
-    listeners = list(listeners or [])
-    for lis in listeners:
+    checked: list[CheckpointSaverListener] = []
+    for lis in listeners or []:
         if not isinstance(lis, CheckpointSaverListener):
             raise TypeError(
                 message(
@@ -53,16 +58,17 @@ def check_listeners(listeners: Sequence[Any] | None) -> list[CheckpointSaverList
                     "Subclass tpu_estimator.CheckpointSaverListener.",
                 )
             )
-    return listeners
+        checked.append(lis)
+    return checked
 
 
 def save_with_listeners(
-    checkpointer: Any,
+    checkpointer: Checkpointer,
     step: int,
-    state: Any,
+    state: PyTree,
     listeners: Sequence[CheckpointSaverListener],
-    session: Any,
-    input_state: Any = None,
+    session: Session,
+    input_state: object = None,
 ) -> bool:
     """`before_save` of each listener, the (asynchronous) save, `after_save` of each.
 

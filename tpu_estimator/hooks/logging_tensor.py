@@ -11,6 +11,7 @@ from tpu_estimator.api.checks import message
 from tpu_estimator.hooks.cadence import Cadence
 from tpu_estimator.api.session_run_hook import (
     RunContext,
+    Session,
     SessionRunArgs,
     SessionRunHook,
     SessionRunValues,
@@ -75,7 +76,7 @@ class LoggingTensorHook(SessionRunHook):
             self._timer.mark(step)
             self._log(self._last)
 
-    def end(self, session: Any) -> None:
+    def end(self, session: Session) -> None:
         if self._at_end and self._last is not None:
             self._log(self._last)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Iterable
 
 import numpy as np
 
@@ -70,6 +70,6 @@ class NanTensorHook(SessionRunHook):
         run_context.request_stop()
 
 
-def handles_non_finite_loss(hooks: Any) -> bool:
+def handles_non_finite_loss(hooks: Iterable[SessionRunHook]) -> bool:
     """Whether some hook turns a non-finite loss into warn-and-stop (see `NanTensorHook`)."""
     return any(getattr(h, "handles_non_finite_loss", False) for h in hooks)

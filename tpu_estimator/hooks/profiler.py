@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
-
 import jax
 
 from tpu_estimator.api.checks import is_int, message
 from tpu_estimator.hooks.cadence import global_step_of
-from tpu_estimator.api.session_run_hook import RunContext, SessionRunHook, SessionRunValues
+from tpu_estimator.api.session_run_hook import RunContext, Session, SessionRunHook, SessionRunValues
 
 log = logging.getLogger("tpu_estimator")
 
@@ -51,7 +49,7 @@ class ProfilerHook(SessionRunHook):
         self._tracing = False
         self._done = False
 
-    def after_create_session(self, session: Any, coord: Any) -> None:
+    def after_create_session(self, session: Session, coord: None) -> None:
         self._step = global_step_of(session)
         self.output_dir = self.output_dir or session.model_dir
 
@@ -66,7 +64,7 @@ class ProfilerHook(SessionRunHook):
         if self._tracing and self._step >= self.end_step:
             self._stop()
 
-    def end(self, session: Any) -> None:
+    def end(self, session: Session) -> None:
         if self._tracing:
             self._stop()
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
-
 from tpu_estimator.hooks.cadence import Cadence
-from tpu_estimator.api.session_run_hook import RunContext, SessionRunHook, SessionRunValues
+from tpu_estimator.api.session_run_hook import RunContext, Session, SessionRunHook, SessionRunValues
 from tpu_estimator.summary.writer import FileWriter, create_file_writer
 
 log = logging.getLogger("tpu_estimator")
@@ -41,7 +39,7 @@ class StepCounterHook(SessionRunHook):
         self._writer = summary_writer
         self._batch_size = batch_size
 
-    def after_create_session(self, session: Any, coord: Any) -> None:
+    def after_create_session(self, session: Session, coord: None) -> None:
         if self._writer is None:
             self._writer = create_file_writer(self._output_dir or session.model_dir)
         if self._batch_size is None:
@@ -59,6 +57,6 @@ class StepCounterHook(SessionRunHook):
                 self._writer.scalar("examples/sec", rate * self._batch_size, step)
             log.debug("global_step/sec: %.4g", rate)
 
-    def end(self, session: Any) -> None:
+    def end(self, session: Session) -> None:
         if self._writer is not None:
             self._writer.flush()

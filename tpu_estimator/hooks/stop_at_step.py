@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from tpu_estimator.api.checks import is_int, message
 from tpu_estimator.hooks.cadence import global_step_of
-from tpu_estimator.api.session_run_hook import RunContext, SessionRunHook, SessionRunValues
+from tpu_estimator.api.session_run_hook import RunContext, Session, SessionRunHook, SessionRunValues
 
 
 class StopAtStepHook(SessionRunHook):
@@ -45,7 +43,7 @@ class StopAtStepHook(SessionRunHook):
     def last_step(self) -> int | None:
         return self._last_step
 
-    def after_create_session(self, session: Any, coord: Any) -> None:
+    def after_create_session(self, session: Session, coord: None) -> None:
         if self._num_steps is not None:
             self._last_step = global_step_of(session) + self._num_steps
 

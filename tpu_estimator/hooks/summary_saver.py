@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from tpu_estimator.hooks.cadence import Cadence
 from tpu_estimator.api.session_run_hook import (
     RunContext,
+    Session,
     SessionRunArgs,
     SessionRunHook,
     SessionRunValues,
@@ -39,7 +38,7 @@ class SummarySaverHook(SessionRunHook):
         self._output_dir = output_dir
         self._writer = summary_writer
 
-    def after_create_session(self, session: Any, coord: Any) -> None:
+    def after_create_session(self, session: Session, coord: None) -> None:
         if self._writer is None:
             self._writer = create_file_writer(self._output_dir or session.model_dir)
 
@@ -52,6 +51,6 @@ class SummarySaverHook(SessionRunHook):
             self._timer.mark(step)
             self._writer.scalars(step, {"loss": run_values.results["loss"], **run_values.results["summaries"]})
 
-    def end(self, session: Any) -> None:
+    def end(self, session: Session) -> None:
         if self._writer is not None:
             self._writer.flush()

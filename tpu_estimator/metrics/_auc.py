@@ -17,6 +17,8 @@ from flax import struct
 from tpu_estimator.api.checks import is_int
 from tpu_estimator.metrics._base import Metric, div_no_nan, host_or_traced, to_scalar
 from tpu_estimator.metrics._inputs import (
+    Array,
+    Scalar,
     align,
     as_arrays,
     broadcast_weights,
@@ -34,15 +36,15 @@ _EPSILON = 1e-6  # TF's guard against 0/0 in the rates.
 class AUC(Metric):
     """State of `metrics.auc`: per-threshold weighted confusion counts, shape [n]."""
 
-    true_positives: Any
-    false_positives: Any
-    true_negatives: Any
-    false_negatives: Any
+    true_positives: Array
+    false_positives: Array
+    true_negatives: Array
+    false_negatives: Array
     num_thresholds: int = struct.field(pytree_node=False)
     curve: str = struct.field(pytree_node=False)
     summation_method: str = struct.field(pytree_node=False)
 
-    def compute(self) -> Any:
+    def compute(self) -> Scalar:
         xp, s = host_or_traced(self)
         tp, fp = s.true_positives, s.false_positives
         tn, fn = s.true_negatives, s.false_negatives

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from tpu_estimator.metrics._inputs import is_traced, message
+from tpu_estimator.metrics._inputs import Scalar, is_traced, message
 
 M = TypeVar("M", bound="Metric")
 
@@ -58,7 +58,7 @@ class Metric(struct.PyTreeNode):
             return jax.tree.map(jnp.add, self, other)
         return jax.tree.map(lambda a, b: np.asarray(_host(a) + _host(b)), self, other)
 
-    def compute(self) -> Any:
+    def compute(self) -> Scalar:
         """The metric's value: a Python float on the host, a JAX scalar when traced."""
         raise NotImplementedError(
             f"{type(self).__name__} does not implement compute(); subclasses of "

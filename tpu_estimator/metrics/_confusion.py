@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 
 from tpu_estimator.metrics._base import Metric, div_no_nan, host_or_traced, to_scalar
 from tpu_estimator.metrics._inputs import (
+    Array,
+    Scalar,
     align,
     as_arrays,
     broadcast_weights,
@@ -22,16 +24,16 @@ from tpu_estimator.metrics._inputs import (
 class BinaryCounts(Metric):
     """Weighted counts of true/false positives/negatives of binary predictions."""
 
-    true_positives: Any
-    false_positives: Any
-    false_negatives: Any
-    true_negatives: Any
+    true_positives: Array
+    false_positives: Array
+    false_negatives: Array
+    true_negatives: Array
 
 
 class Precision(BinaryCounts):
     """State of `metrics.precision`: TP / (TP + FP), 0 when nothing is predicted positive."""
 
-    def compute(self) -> Any:
+    def compute(self) -> Scalar:
         xp, s = host_or_traced(self)
         value = div_no_nan(xp, s.true_positives, s.true_positives + s.false_positives)
         return to_scalar(xp, value)
@@ -40,7 +42,7 @@ class Precision(BinaryCounts):
 class Recall(BinaryCounts):
     """State of `metrics.recall`: TP / (TP + FN), 0 when no label is positive."""
 
-    def compute(self) -> Any:
+    def compute(self) -> Scalar:
         xp, s = host_or_traced(self)
         value = div_no_nan(xp, s.true_positives, s.true_positives + s.false_negatives)
         return to_scalar(xp, value)
@@ -49,7 +51,7 @@ class Recall(BinaryCounts):
 class TruePositives(BinaryCounts):
     """State of `metrics.true_positives`: the weighted count."""
 
-    def compute(self) -> Any:
+    def compute(self) -> Scalar:
         xp, s = host_or_traced(self)
         return to_scalar(xp, s.true_positives)
 
@@ -57,7 +59,7 @@ class TruePositives(BinaryCounts):
 class FalsePositives(BinaryCounts):
     """State of `metrics.false_positives`: the weighted count."""
 
-    def compute(self) -> Any:
+    def compute(self) -> Scalar:
         xp, s = host_or_traced(self)
         return to_scalar(xp, s.false_positives)
 
@@ -65,7 +67,7 @@ class FalsePositives(BinaryCounts):
 class FalseNegatives(BinaryCounts):
     """State of `metrics.false_negatives`: the weighted count."""
 
-    def compute(self) -> Any:
+    def compute(self) -> Scalar:
         xp, s = host_or_traced(self)
         return to_scalar(xp, s.false_negatives)
 
@@ -73,7 +75,7 @@ class FalseNegatives(BinaryCounts):
 class TrueNegatives(BinaryCounts):
     """State of `metrics.true_negatives`: the weighted count."""
 
-    def compute(self) -> Any:
+    def compute(self) -> Scalar:
         xp, s = host_or_traced(self)
         return to_scalar(xp, s.true_negatives)
 

@@ -13,7 +13,7 @@ Every factory runs in one of two namespaces:
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, Union
 
 import jax
 import jax.numpy as jnp
@@ -21,14 +21,23 @@ import numpy as np
 
 from tpu_estimator.api.checks import message
 
-def is_traced(x: Any) -> bool:
+if TYPE_CHECKING:
+    from jax.typing import ArrayLike
+
+# A statistic: a numpy array on the host, a jax.Array inside a program.
+Array: TypeAlias = Union[jax.Array, np.ndarray]
+# What `compute()` returns: a Python float on the host, the JAX scalar inside a trace.
+Scalar: TypeAlias = Union[float, jax.Array]
+
+
+def is_traced(x: object) -> bool:
     """True where `x` must stay a JAX value: a tracer or a non-addressable array."""
     if isinstance(x, jax.core.Tracer):
         return True
     return isinstance(x, jax.Array) and not x.is_fully_addressable
 
 
-def namespace(*xs: Any) -> ModuleType:
+def namespace(*xs: ArrayLike | None) -> ModuleType:
     """`jax.numpy` when any of `xs` is traced, else `numpy`."""
     return jnp if any(is_traced(x) for x in xs if x is not None) else np
 
@@ -38,7 +47,7 @@ def float_dtype(xp: ModuleType) -> Any:
     return np.float64 if xp is np else jax.dtypes.canonicalize_dtype(np.float64)
 
 
-def as_arrays(xp: ModuleType, *xs: Any) -> list[Any]:
+def as_arrays(xp: ModuleType, *xs: ArrayLike | None) -> list[Any]:
     """Converts each of `xs` (None kept) to an array of namespace `xp`."""
     return [None if x is None else xp.asarray(x) for x in xs]
 

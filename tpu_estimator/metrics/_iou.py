@@ -10,6 +10,8 @@ from flax import struct
 from tpu_estimator.api.checks import is_int
 from tpu_estimator.metrics._base import Metric, div_no_nan, host_or_traced, to_scalar
 from tpu_estimator.metrics._inputs import (
+    Array,
+    Scalar,
     align,
     as_arrays,
     broadcast_weights,
@@ -22,10 +24,10 @@ from tpu_estimator.metrics._inputs import (
 class MeanIoU(Metric):
     """State of `metrics.mean_iou`: `confusion_matrix[label, prediction]` weights."""
 
-    confusion_matrix: Any
+    confusion_matrix: Array
     num_classes: int = struct.field(pytree_node=False)
 
-    def compute(self) -> Any:
+    def compute(self) -> Scalar:
         """Mean over classes present in labels or predictions of TP / (TP + FP + FN)."""
         xp, s = host_or_traced(self)
         cm = s.confusion_matrix

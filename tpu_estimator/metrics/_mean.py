@@ -6,6 +6,8 @@ from typing import Any
 
 from tpu_estimator.metrics._base import Metric, div_no_nan, host_or_traced, to_scalar
 from tpu_estimator.metrics._inputs import (
+    Array,
+    Scalar,
     as_arrays,
     broadcast_weights,
     namespace,
@@ -20,10 +22,10 @@ class WeightedMean(Metric):
     errors; each is its own subclass, so states of different metrics never merge.
     """
 
-    total: Any
-    count: Any
+    total: Array
+    count: Array
 
-    def compute(self) -> Any:
+    def compute(self) -> Scalar:
         xp, s = host_or_traced(self)
         return to_scalar(xp, div_no_nan(xp, s.total, s.count))
 

@@ -6,6 +6,7 @@ from typing import Any, Callable, TypeVar
 
 from tpu_estimator.metrics._base import div_no_nan, host_or_traced, to_scalar
 from tpu_estimator.metrics._inputs import (
+    Scalar,
     align,
     as_arrays,
     broadcast_weights,
@@ -26,7 +27,7 @@ class MeanAbsoluteError(WeightedMean):
 class RootMeanSquaredError(WeightedMean):
     """State of `metrics.root_mean_squared_error`: the square root of the merged MSE."""
 
-    def compute(self) -> Any:
+    def compute(self) -> Scalar:
         xp, s = host_or_traced(self)
         return to_scalar(xp, xp.sqrt(div_no_nan(xp, s.total, s.count)))
 

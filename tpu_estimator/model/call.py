@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from tpu_estimator.api.checks import message
+
+if TYPE_CHECKING:
+    from tpu_estimator.api.spec import ModelFn
+
+R = TypeVar("R")
 
 MODEL_FN_ARGS = ("features", "labels", "mode", "params", "config")
 INPUT_FN_ARGS = ("params", "config", "mode", "input_context")
 
 
-def accepted_args(fn: Callable[..., Any], allowed: tuple[str, ...], what: str) -> frozenset[str]:
+def accepted_args(fn: Callable[..., object], allowed: tuple[str, ...], what: str) -> frozenset[str]:
     """The names in `allowed` that `fn` takes; any other required parameter is an error."""
     try:
         sig = inspect.signature(fn)
@@ -34,7 +39,7 @@ def accepted_args(fn: Callable[..., Any], allowed: tuple[str, ...], what: str) -
     return frozenset(names)
 
 
-def check_model_fn(model_fn: Callable[..., Any]) -> frozenset[str]:
+def check_model_fn(model_fn: ModelFn) -> frozenset[str]:
     """Validates the signature of `model_fn`; returns the argument names it takes."""
     if not callable(model_fn):
         raise TypeError(message("`model_fn` must be a callable.", f"model_fn={model_fn!r}"))
@@ -50,6 +55,6 @@ def check_model_fn(model_fn: Callable[..., Any]) -> frozenset[str]:
     return names
 
 
-def call_with(fn: Callable[..., Any], names: frozenset[str], **available: Any) -> Any:
+def call_with(fn: Callable[..., R], names: frozenset[str], **available: Any) -> R:
     """Calls `fn` with the keyword arguments among `available` it takes."""
     return fn(**{k: v for k, v in available.items() if k in names})

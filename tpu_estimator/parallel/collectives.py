@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator
+from typing import Iterator
 
 import jax
 from jax import lax
 
+from tpu_estimator.api.contracts import PyTree
 from tpu_estimator.parallel.mesh import DATA
 
 _state = threading.local()
@@ -35,7 +36,7 @@ def _single() -> bool:
     return getattr(_state, "single", False)
 
 
-def replica_mean(tree: Any) -> Any:
+def replica_mean(tree: PyTree) -> PyTree:
     """Mean over replicas (`lax.pmean` over "data")."""
     return tree if _single() else lax.pmean(tree, DATA)
 
@@ -45,6 +46,6 @@ def replica_gather(x: jax.Array, axis: int = 0) -> jax.Array:
     return x if _single() else lax.all_gather(x, DATA, axis=axis, tiled=True)
 
 
-def replica_index() -> Any:
+def replica_index() -> int | jax.Array:
     """This replica's index along "data"."""
     return 0 if _single() else lax.axis_index(DATA)

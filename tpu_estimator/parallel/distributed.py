@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Mapping
 
 import jax
+
+if TYPE_CHECKING:
+    from tpu_estimator.api.run_config import ClusterConfig
 
 log = logging.getLogger("tpu_estimator")
 
@@ -26,7 +29,7 @@ def is_initialized() -> bool:
     return jax.distributed.is_initialized()
 
 
-def _auto_detectable(env: Any) -> bool:
+def _auto_detectable(env: Mapping[str, str]) -> bool:
     if "SLURM_STEP_NODELIST" in env and int(env.get("SLURM_NTASKS", "1")) <= 1:
         return False
     if "TPU_WORKER_HOSTNAMES" in env and "," not in env["TPU_WORKER_HOSTNAMES"]:
@@ -34,7 +37,7 @@ def _auto_detectable(env: Any) -> bool:
     return any(k in env for k in _AUTO_ENV)
 
 
-def initialize_cluster(cluster: Any = None, *, environ: Any = None) -> bool:
+def initialize_cluster(cluster: ClusterConfig | None = None, *, environ: Mapping[str, str] | None = None) -> bool:
     """Joins the multi-host job once per process; True if this process is part of one.
 
     Call it (or create the estimator's devices, which calls it) before any

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -12,11 +12,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tpu_estimator.api.checks import message
 from tpu_estimator.parallel.distributed import initialize_cluster
 
+if TYPE_CHECKING:
+    from tpu_estimator.api.run_config import ClusterConfig
+
 DATA = "data"
 MODEL = "model"
 
 
-def estimator_devices(*, use_tpu: bool) -> list[Any]:
+def estimator_devices(*, use_tpu: bool) -> list[jax.Device]:
     """The devices an estimator uses: all of the default backend's on every host (use_tpu),
     else one CPU device. With several hosts, join the cluster first (`initialize_cluster`)."""
     return list(jax.devices()) if use_tpu else jax.local_devices(backend="cpu")[:1]
@@ -36,7 +39,7 @@ class Topology:
 
     @classmethod
     def create(
-        cls, *, use_tpu: bool, cores_per_replica: int = 1, split_model: bool = False, cluster: Any = None
+        cls, *, use_tpu: bool, cores_per_replica: int = 1, split_model: bool = False, cluster: ClusterConfig | None = None
     ) -> "Topology":
         """All devices of the default backend on every host (use_tpu) or one CPU device.
 
