@@ -58,6 +58,7 @@ if _typing.TYPE_CHECKING:  # what type checkers and readers see; at run time `__
     from tpu_estimator.errors import CheckpointStorageError as CheckpointStorageError
     from tpu_estimator.errors import DamagedCheckpointError as DamagedCheckpointError
     from tpu_estimator.errors import NanLossDuringTrainingError as NanLossDuringTrainingError
+    from tpu_estimator.errors import PreemptedError as PreemptedError
     from tpu_estimator.parallel.input_context import InputContext as InputContext
     from tpu_estimator.checkpoint.reader import list_variables as list_variables
     from tpu_estimator.loops.compiles import count_compiles as count_compiles
@@ -159,6 +160,7 @@ _LAZY = {
         "CheckpointStorageError",
         "DamagedCheckpointError",
         "NanLossDuringTrainingError",
+        "PreemptedError",
     ),
     "tpu_estimator.parallel.input_context": ("InputContext",),
     "tpu_estimator.checkpoint.reader": ("list_variables", "load_variable"),
@@ -237,6 +239,7 @@ __all__ = [
     "NanLossDuringTrainingError",
     "NanTensorHook",
     "PredictOutput",
+    "PreemptedError",
     "ProfilerHook",
     "RegressionOutput",
     "RunConfig",

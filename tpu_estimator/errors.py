@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["CheckpointStorageError", "DamagedCheckpointError", "NanLossDuringTrainingError"]
+__all__ = [
+    "CheckpointStorageError",
+    "DamagedCheckpointError",
+    "NanLossDuringTrainingError",
+    "PreemptedError",
+]
 
 
 class NanLossDuringTrainingError(RuntimeError):
@@ -31,3 +36,16 @@ class DamagedCheckpointError(ValueError):
     `checkpoint_path=` to the intact step, or set
     `RunConfig(fall_back_to_intact_checkpoint=True)`).
     """
+
+
+class PreemptedError(RuntimeError):
+    """A preemption notice (SIGTERM) stopped `evaluate()` or `predict()` before its end.
+
+    Raised at the first loop boundary after the notice, on every process at
+    the same one (several processes agree through JAX's preemption sync
+    point). Nothing was written: evaluate() records no metrics (partial ones
+    would be silently wrong), predict()'s generator stops with it. The
+    checkpoint is untouched; run the call again in the new job. `train()` is
+    not an error when preempted: it saves and returns (`TPUEstimator.preempted`).
+    """
+

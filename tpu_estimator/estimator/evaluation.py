@@ -6,6 +6,9 @@ merging loop L while the devices run loop L+1). Full batches run the model as
 written; the loss of a batch is the mean of the replicas' losses. A padded
 final batch runs per example (see `loops/evaluate.py`) and its padding rows
 are dropped, so the loss and every metric count each real example once.
+
+A SIGTERM stops it at the next loop boundary (on several processes, the same
+one everywhere) with `PreemptedError`: no metrics recorded (estimator/preemption.py).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import numpy as np
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
-from tpu_estimator.estimator import hook_runner, inference, progress
+from tpu_estimator.estimator import hook_runner, inference, preemption, progress
 from tpu_estimator.feeding.device import Placer, batch_specs
 from tpu_estimator.feeding.lockstep import lockstep_feed, real_rows
 from tpu_estimator.api.session_run_hook import RunContext
@@ -74,7 +77,8 @@ def evaluate(
     )
     blocks = inference.blocking(strategy, size, first, lambda b: b.tree, core.topology, batches.axes)
     evaluated = 0
-    with lockstep_feed(first, batches, lambda b: place(b.tree), steps=steps, blocking=blocks) as feed:
+    with preemption.Watch(redeliver=True) as watch, \
+            lockstep_feed(first, batches, lambda b: place(b.tree), steps=steps, blocking=blocks) as feed:
         for done in runner.run(feed):
             ctx = RunContext(session=core)
             requests = [h.before_run(ctx) for h in all_hooks]
@@ -83,6 +87,7 @@ def evaluate(
             evaluated += done.num_steps
             values = {"loss": acc.loss_so_far(), "global_step": global_step, "batches": evaluated}
             hook_runner.after_run(all_hooks, ctx, requests, values, global_step)
+            watch.raise_if_reached("evaluate()", batches=evaluated, global_step=global_step)
             if ctx.stop_requested:
                 break
     results = acc.results()
