@@ -57,6 +57,7 @@ if _typing.TYPE_CHECKING:  # what type checkers and readers see; at run time `__
     from tpu_estimator.estimator.tpu_estimator import TPUEstimator as TPUEstimator
     from tpu_estimator.errors import CheckpointStorageError as CheckpointStorageError
     from tpu_estimator.errors import DamagedCheckpointError as DamagedCheckpointError
+    from tpu_estimator.errors import HostLostError as HostLostError
     from tpu_estimator.errors import NanLossDuringTrainingError as NanLossDuringTrainingError
     from tpu_estimator.errors import PreemptedError as PreemptedError
     from tpu_estimator.parallel.input_context import InputContext as InputContext
@@ -159,6 +160,7 @@ _LAZY = {
     "tpu_estimator.errors": (
         "CheckpointStorageError",
         "DamagedCheckpointError",
+        "HostLostError",
         "NanLossDuringTrainingError",
         "PreemptedError",
     ),
@@ -231,6 +233,7 @@ __all__ = [
     "FinalExporter",
     "FixedLenFeature",
     "FtrlParameters",
+    "HostLostError",
     "InputContext",
     "InputPipelineConfig",
     "LatestExporter",

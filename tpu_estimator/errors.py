@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointStorageError",
     "DamagedCheckpointError",
+    "HostLostError",
     "NanLossDuringTrainingError",
     "PreemptedError",
 ]
@@ -49,3 +50,16 @@ class PreemptedError(RuntimeError):
     not an error when preempted: it saves and returns (`TPUEstimator.preempted`).
     """
 
+
+
+class HostLostError(RuntimeError):
+    """Another process of a multi-process job stopped (killed, crashed, its machine lost).
+
+    Every survivor logs this message, naming the lost process, as soon as it is
+    known (at once for a process killed outright, after
+    `ClusterConfig.lost_host_timeout_s` for one gone silent), and raises it from
+    train/evaluate/predict when their collective fails. JAX itself then ends
+    the survivors within `lost_host_timeout_s` (SIGABRT from its coordination
+    service; nothing public lets Python stop that). The newest committed
+    checkpoint is intact: restart every process to resume from it.
+    """

@@ -21,11 +21,12 @@ import numpy as np
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
-from tpu_estimator.estimator import hook_runner, inference, preemption, progress
+from tpu_estimator.estimator import hook_runner, inference, liveness, preemption, progress
 from tpu_estimator.feeding.device import Placer, batch_specs
 from tpu_estimator.feeding.lockstep import lockstep_feed, real_rows
 from tpu_estimator.api.session_run_hook import RunContext
 from tpu_estimator.metrics import Metric, merge_stacked
+from tpu_estimator.parallel.distributed import lost_host_timeout_s
 from tpu_estimator.paths import join
 from tpu_estimator.summary.eval_results import record_eval
 
@@ -55,6 +56,16 @@ def evaluate(
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps <= 0):
         raise ValueError(message("Must specify steps > 0.", f"steps={steps!r}"))
     hooks = hook_runner.check_hooks(hooks, "hooks")
+    liveness.watch_hosts(lost_host_timeout_s(core.config.cluster))
+    try:
+        return _evaluate(core, input_fn, steps, hooks, checkpoint_path, name)
+    except Exception as e:
+        liveness.raise_if_lost(e)  # a collective failed because a process is gone: say which
+        raise
+
+
+def _evaluate(core: "Core", input_fn: Any, steps: int | None, hooks: list[Any], checkpoint_path: str | None,
+              name: str | None) -> dict[str, Any]:
     ref = core.find_checkpoint(checkpoint_path)
     runtime = core.runtime(ModeKeys.EVAL)
     batches, _ = core.open_input(runtime, input_fn)

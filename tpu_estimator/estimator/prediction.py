@@ -21,10 +21,11 @@ import numpy as np
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
-from tpu_estimator.estimator import hook_runner, inference, preemption, progress
+from tpu_estimator.estimator import hook_runner, inference, liveness, preemption, progress
 from tpu_estimator.feeding.device import Placer, batch_specs
 from tpu_estimator.feeding.lockstep import lockstep_feed
 from tpu_estimator.api.session_run_hook import RunContext
+from tpu_estimator.parallel.distributed import lost_host_timeout_s
 
 if TYPE_CHECKING:
     from tpu_estimator.estimator.core import Core
@@ -49,6 +50,15 @@ def predict(
 
 
 def _generate(core, input_fn, predict_keys, hooks, checkpoint_path, single) -> Iterator[Any]:
+    liveness.watch_hosts(lost_host_timeout_s(core.config.cluster))
+    try:
+        yield from _predictions(core, input_fn, predict_keys, hooks, checkpoint_path, single)
+    except Exception as e:
+        liveness.raise_if_lost(e)  # a collective failed because a process is gone: say which
+        raise
+
+
+def _predictions(core, input_fn, predict_keys, hooks, checkpoint_path, single) -> Iterator[Any]:
     ref = core.find_checkpoint(checkpoint_path)
     runtime = core.runtime(ModeKeys.PREDICT)
     batches, _ = core.open_input(runtime, input_fn)

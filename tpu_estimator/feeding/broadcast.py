@@ -54,7 +54,7 @@ def broadcast_batches(iterator: Iterable[Any], *, num_hosts: int) -> Iterator[An
     server = listen()
     try:
         key = secrets.token_bytes(32)
-        _share_info({"addresses": own_addresses(), "port": server.getsockname()[1], "key": key.hex()})
+        share_info({"addresses": own_addresses(), "port": server.getsockname()[1], "key": key.hex()})
         conns = accept_hosts(server, key, num_hosts - 1)
     finally:
         server.close()
@@ -63,7 +63,7 @@ def broadcast_batches(iterator: Iterable[Any], *, num_hosts: int) -> Iterator[An
 
 def received_batches() -> Iterator[Any]:
     """On the other hosts: the elements host 0 sends with `broadcast_batches` (connects now)."""
-    info = _share_info(None)
+    info = share_info(None)
     conn = connect_to_host0(info["addresses"], int(info["port"]), bytes.fromhex(info["key"]), me=jax.process_index())
     return receiving(conn)
 
@@ -184,8 +184,8 @@ class Sender:
 # --- connecting ------------------------------------------------------------------
 
 
-def _share_info(info: dict[str, Any] | None) -> dict[str, Any]:
-    """Host 0's `info` on every host (a collective: every host calls it at the same point)."""
+def share_info(info: dict[str, Any] | None) -> dict[str, Any]:
+    """Host 0's `info` (a small JSON dict; None on the other hosts) on every host (a collective: every host calls it at the same point)."""
     record = np.zeros(_INFO_BYTES, np.uint8)
     if info is not None:
         while True:
