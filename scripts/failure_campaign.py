@@ -57,6 +57,8 @@ def est(model_dir=None, **kw):
 def newest(model_dir):
     return max((p for p in glob.glob(model_dir + "/*") if os.path.basename(p).isdigit()), key=lambda p: int(os.path.basename(p)))
 
+RECEIVER = te.build_raw_serving_input_receiver_fn({'x': te.TensorSpec((None, 4), 'float32')})
+
 def biggest_file(step_dir):
     files = [p for p in glob.glob(step_dir + "/**/*", recursive=True) if os.path.isfile(p)]
     return max(files, key=os.path.getsize)
@@ -133,9 +135,47 @@ CASES = {
         rc = subprocess.run([sys.executable, '-c', code]).returncode
         e = est(); e.train(input_fn, max_steps=8)
         print('killed with', rc, '; resumed to', e.latest_checkpoint().rsplit('/', 1)[-1])"""),
+    # --- signals outside train() (one process) ---
+    "SIGTERM during evaluate": textwrap.dedent("""
+        class Term(te.SessionRunHook):
+            def after_run(self, ctx, v): os.kill(os.getpid(), signal.SIGTERM)
+        e = est(); e.train(input_fn, max_steps=2)
+        def endless(params):
+            while True: yield from input_fn(params)
+        e.evaluate(endless, hooks=[Term()])"""),
+    "SIGTERM during predict": textwrap.dedent("""
+        class Term(te.SessionRunHook):
+            def after_run(self, ctx, v): os.kill(os.getpid(), signal.SIGTERM)
+        e = est(); e.train(input_fn, max_steps=2)
+        def endless(params):
+            while True: yield from input_fn(params)
+        for p in e.predict(endless, hooks=[Term()]): pass"""),
+    "SIGTERM during train_and_evaluate's evaluation": textwrap.dedent("""
+        class Term(te.SessionRunHook):
+            def after_run(self, ctx, v): os.kill(os.getpid(), signal.SIGTERM)
+        def endless(params):
+            while True: yield from input_fn(params)
+        te.train_and_evaluate(est(), te.TrainSpec(endless, max_steps=4), te.EvalSpec(endless, steps=None, hooks=[Term()]))"""),
+    "SIGKILL during export, then export again": textwrap.dedent("""
+        import subprocess, threading
+        est().train(input_fn, max_steps=2)
+        code = "import sys; sys.argv = ['x', %r]\n" % D + PRELUDE_TEXT + (
+            "\nimport threading\n"
+            "def kill_when_writing():\n"
+            "    while not glob.glob(D + '/exports/.temp-*'): time.sleep(0.001)\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "threading.Thread(target=kill_when_writing, daemon=True).start()\n"
+            "est().export_saved_model(D + '/exports', RECEIVER)\n")
+        rc = subprocess.run([sys.executable, '-c', code]).returncode
+        left = glob.glob(D + '/exports/.temp-*')
+        est().export_saved_model(D + '/exports', RECEIVER)
+        print('export killed with', rc, ';', len(left), 'temporary dir(s) left;',
+              len(glob.glob(D + '/exports/.temp-*')), 'after the next export;',
+              len([n for n in os.listdir(D + '/exports') if n.isdigit()]), 'export(s)')"""),
 }
 
-OURS = ("CheckpointStorageError", "DamagedCheckpointError", "NanLossDuringTrainingError", "ValueError", "TypeError")
+OURS = ("CheckpointStorageError", "DamagedCheckpointError", "NanLossDuringTrainingError", "PreemptedError",
+        "HostLostError", "ValueError", "TypeError")
 
 
 def run_case(name: str, body: str, timeout: float) -> tuple[str, str]:

@@ -1,12 +1,13 @@
 """One process of the lost-host runs: `python lost_host_worker.py <pid> <nproc> <port> <model_dir> <phase> <deadline_s> <out> [max_steps]`.
 
-The processes (2 CPU devices each) train (phase "train": until `max_steps`, 8 by default,
-with a slow endless input when max_steps is 0) or evaluate an endless slow input after 2
-steps (phase "evaluate"). After its first loop each writes `<out>.started<pid>`; at the end
+The processes (2 CPU devices each) train (phase "train": to `max_steps`, over a slow
+input; endless when max_steps is 0) or evaluate a slow input after 2 steps (phase
+"evaluate"; `max_steps` batches, endless when 0). After its first loop each writes `<out>.started<pid>`; at the end
 `<out>.<pid>.npz` holds the final parameters. The test / campaign kills or signals one.
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -16,6 +17,7 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import flax.linen as nn  # noqa: E402
+import grain  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
@@ -32,12 +34,24 @@ def model_fn(features, labels, mode, params):
 
 
 def input_fn(params, input_context):
+    """This host's rows, endless, checkpointable (grain): a restart resumes the input too."""
     b, n, h = params["batch_size"], input_context.num_hosts, input_context.host_id
-    while True:
-        for i in range(0, len(X), b * n):  # this host's rows of each global batch
-            if params["slow"]:
-                time.sleep(0.05)
-            yield X[i + h * b : i + (h + 1) * b], Y[i + h * b : i + (h + 1) * b]
+    xs, ys = X[h::n], Y[h::n]
+
+    def read(idx):
+        if params["slow"]:
+            time.sleep(0.05)
+        return xs[idx], ys[idx]
+
+    return grain.MapDataset.range(len(xs)).repeat().batch(b).map(read).to_iter_dataset()
+
+
+class KillAtSave(te.CheckpointSaverListener):
+    """LOST_HOST_KILL_AT_SAVE=<step>: this process kills itself as the save of that step begins."""
+
+    def before_save(self, session, global_step_value):
+        if str(global_step_value) == os.environ.get("LOST_HOST_KILL_AT_SAVE"):
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Started(te.SessionRunHook):
@@ -57,11 +71,12 @@ def est(slow):
 
 
 if phase == "train":
-    e = est(slow=max_steps == 0)
-    e.train(input_fn, max_steps=max_steps or 10**6, hooks=[Started()])
+    e = est(slow=True)
+    e.train(input_fn, max_steps=max_steps or 10**6, hooks=[Started()], saving_listeners=[KillAtSave()])
 else:
     est(slow=False).train(input_fn, max_steps=2)
     e = est(slow=True)
-    e.evaluate(input_fn, hooks=[Started()])
+    results = e.evaluate(input_fn, steps=max_steps or None, hooks=[Started()])
+    print("eval", {k: float(v) for k, v in results.items()}, flush=True)
 print("preempted" if e.preempted else "done", e.latest_checkpoint(), flush=True)
 np.savez(f"{out}.{pid}.npz", **{k: e.get_variable_value(k) for k in e.get_variable_names()})

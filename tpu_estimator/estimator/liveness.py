@@ -141,13 +141,13 @@ class Liveness:
                     self._send(p, _LOST + struct.pack("!I", who))
 
     def _send(self, p: int, data: bytes) -> None:
-        with self._send_lock:
-            try:
+        try:
+            with self._send_lock:
                 self._conns[p].send(data)
-            except (BlockingIOError, InterruptedError):
-                pass  # its buffer is full: it is not reading, the timeout will tell
-            except OSError:
-                self._gone(p, "its connection failed")
+        except (BlockingIOError, InterruptedError):
+            pass  # its buffer is full: it is not reading, the timeout will tell
+        except OSError:  # (outside the lock: the verdict sends to the others)
+            self._gone(p, "killed or crashed: its connection closed")
 
     def _gone(self, p: int, how: str) -> None:
         if p in self._done:
@@ -158,10 +158,10 @@ class Liveness:
     def _run(self) -> None:
         interval = max(0.2, self.timeout_s / 5)
         selector = selectors.DefaultSelector()
-        for p, conn in self._conns.items():
-            selector.register(conn, selectors.EVENT_READ, p)
         next_beat = 0.0
         try:
+            for p, conn in self._conns.items():
+                selector.register(conn, selectors.EVENT_READ, p)
             while not self._stop.is_set():
                 now = time.monotonic()
                 if now >= next_beat:
