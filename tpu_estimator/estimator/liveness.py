@@ -123,6 +123,10 @@ class Liveness:
                 conn.setblocking(True)
                 conn.settimeout(1.0)
                 conn.sendall(_BYE)
+                conn.shutdown(socket.SHUT_WR)
+                conn.setblocking(False)
+                while conn.recv(4096):  # unread bytes at close would reset the stream, bye and all
+                    pass
             except OSError:
                 pass
             conn.close()
@@ -144,10 +148,10 @@ class Liveness:
         try:
             with self._send_lock:
                 self._conns[p].send(data)
-        except (BlockingIOError, InterruptedError):
-            pass  # its buffer is full: it is not reading, the timeout will tell
-        except OSError:  # (outside the lock: the verdict sends to the others)
-            self._gone(p, "killed or crashed: its connection closed")
+        except OSError:
+            # Its buffer is full (not reading: the timeout tells) or its end closed: reading
+            # tells (its bye, if it sent one, is read before the end of the stream).
+            pass
 
     def _gone(self, p: int, how: str) -> None:
         if p in self._done:
