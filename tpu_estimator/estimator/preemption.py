@@ -16,8 +16,8 @@ for the duration of `train()` from the main thread and the previous handler
 restored after. A SIGTERM recorded but never acted on (it came after the
 last boundary of an evaluate(), or while predict()'s generator was suspended
 and it is then closed) is delivered again to the previous handler when the
-call ends, so the scheduler's notice is never lost. Elsewhere (`signal.signal` works only on the main thread)
-none is installed.
+call ends, so the scheduler's notice is never lost. Elsewhere
+(`signal.signal` works only on the main thread) none is installed.
 
 Several processes (`jax.distributed`): the coordination service owns
 SIGTERM: `jax.distributed.initialize` installs a C++ handler (its preemption
