@@ -317,7 +317,7 @@ def case_lost_mid_save(d):
     steps = sorted(int(os.path.basename(p)) for p in glob.glob(f"{d}/run/*") if os.path.basename(p).isdigit())
     rcs, _, resumed = _train(d, "run", STEPS)
     same = _identical(clean, resumed)
-    return summary, secs, (f"killed as step 8's save began; steps on disk {steps}; restart of all 4: "
+    return summary, secs, (f"killed as step 8's save began (step 4's commit in flight); steps on disk {steps}; restart of all 4: "
                            f"{'bit-identical' if same else 'DIFFERENT'} to the clean run, exit codes {sorted(set(rcs))}")
 
 
@@ -377,7 +377,7 @@ def case_sigterm_one_of_four_predict(d):
 
 CLUSTER_CASES = {
     "4 processes: SIGKILL one mid-training, restart all": case_lost_mid_training,
-    "4 processes: SIGKILL one mid-save, restart all": case_lost_mid_save,
+    "4 processes: SIGKILL one as a save begins (the previous commit in flight), restart all": case_lost_mid_save,
     "4 processes: SIGKILL one mid-evaluation, restart all": case_lost_mid_evaluation,
     "4 processes: SIGTERM one mid-training": case_sigterm_one_of_four_training,
     "4 processes: SIGTERM one during evaluate": case_sigterm_one_of_four_evaluate,
