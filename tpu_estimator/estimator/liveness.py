@@ -11,7 +11,8 @@ process killed outright closes its connections at once (the kernel does): proces
 their connection close. A process that falls silent (machine lost) is lost after
 the same timeout as JAX's. Heartbeat bytes go every `timeout/5` seconds on a
 daemon thread, never on the training path; a process ending normally says so
-first (at exit), so it is not taken for lost.
+first (at exit), so it is not taken for lost. Where the processes cannot
+reach process 0 over TCP, a warning, and the job runs without the watcher.
 
 On the verdict each survivor logs `HostLostError`'s message (naming the
 process) at once; an error that then reaches train/evaluate/predict (a
@@ -37,19 +38,22 @@ from tpu_estimator.feeding import broadcast
 
 log = logging.getLogger("tpu_estimator")
 
-_BEAT, _BYE, _LOST = b"H", b"B", b"L"  # _LOST + u32 process: process 0's verdict for the others
+_BEAT, _BYE, _LOST, _READY = b"H", b"B", b"L", b"R"  # _LOST + u32 process: process 0's verdict
+CONNECT_S = 60.0  # how long the processes try to reach process 0 for the watcher
 _started: "Liveness | None" = None
+_tried = False
 _lock = threading.Lock()
 
 
 def watch_hosts(timeout_s: float) -> "Liveness | None":
     """Starts watching the other processes once per process (every process calls it at the
     same point: the first train/evaluate/predict); None on one process."""
-    global _started
+    global _started, _tried
     if jax.process_count() == 1:
         return None
     with _lock:
-        if _started is None:
+        if not _tried:
+            _tried = True
             _started = Liveness.connect(timeout_s)
         return _started
 
@@ -87,22 +91,39 @@ class Liveness:
         atexit.register(self.close)
 
     @classmethod
-    def connect(cls, timeout_s: float) -> "Liveness":
-        """Connects every process to process 0 (a collective: all call it at the same point)."""
+    def connect(cls, timeout_s: float) -> "Liveness | None":
+        """Connects every process to process 0 (a collective: all call it at the same point).
+
+        None, with a warning, where the processes cannot reach process 0 over TCP within
+        `CONNECT_S`: the job runs on without named losses (JAX's deadline still holds).
+        Process 0 sends a ready byte once every process is connected, so that no process
+        watches a link that process 0 then drops."""
         me, count = jax.process_index(), jax.process_count()
-        if me == 0:
-            server = broadcast.listen()
-            try:
-                key = secrets.token_bytes(32)
-                broadcast.share_info(
-                    {"addresses": broadcast.own_addresses(), "port": server.getsockname()[1], "key": key.hex()})
-                conns = broadcast.accept_hosts(server, key, count - 1)
-            finally:
-                server.close()
-            return cls(dict(zip(range(1, count), conns)), timeout_s, me=me, count=count)
-        info = broadcast.share_info(None)
-        conn = broadcast.connect_to_host0(info["addresses"], int(info["port"]), bytes.fromhex(info["key"]), me=me)
-        return cls({0: conn}, timeout_s, me=me, count=count)
+        try:
+            if me == 0:
+                server = broadcast.listen()
+                try:
+                    key = secrets.token_bytes(32)
+                    broadcast.share_info(
+                        {"addresses": broadcast.own_addresses(), "port": server.getsockname()[1], "key": key.hex()})
+                    conns = broadcast.accept_hosts(server, key, count - 1, timeout_s=CONNECT_S)
+                finally:
+                    server.close()
+                for conn in conns:
+                    conn.sendall(_READY)
+                return cls(dict(zip(range(1, count), conns)), timeout_s, me=me, count=count)
+            info = broadcast.share_info(None)
+            conn = broadcast.connect_to_host0(
+                info["addresses"], int(info["port"]), bytes.fromhex(info["key"]), me=me, timeout_s=CONNECT_S)
+            conn.settimeout(CONNECT_S + 5)
+            if conn.recv(1) != _READY:
+                conn.close()
+                raise ConnectionError("process 0 did not get every process's connection")
+            return cls({0: conn}, timeout_s, me=me, count=count)
+        except (RuntimeError, OSError) as e:
+            log.warning("No lost-host watcher (a lost process will not be named; JAX still ends the job "
+                        "after lost_host_timeout_s=%g s): %s", timeout_s, e)
+            return None
 
     def error(self) -> HostLostError:
         """The error that names the lost process."""
