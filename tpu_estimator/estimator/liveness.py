@@ -65,7 +65,9 @@ def raise_if_lost(error: BaseException, *, wait_s: float = 5.0, watcher: "Livene
     watcher = watcher or _started
     if watcher is None or isinstance(error, HostLostError):
         return
-    waits = isinstance(error, (jax.errors.JaxRuntimeError, RuntimeError, OSError))
+    # a failed collective (XLA), a broken link, or the broadcast input cut off (a plain
+    # RuntimeError); never our own errors (NaN loss, preemption, storage)
+    waits = isinstance(error, (jax.errors.JaxRuntimeError, ConnectionError)) or type(error) is RuntimeError
     if watcher.lost.wait(wait_s if waits else 0.0):
         raise watcher.error() from error
 

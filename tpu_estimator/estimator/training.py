@@ -176,7 +176,9 @@ def train(
         try:
             result = _train(core, input_fn, hooks, listeners, steps, max_steps, watch)
         except BaseException as e:
-            liveness.raise_if_lost(e)  # a collective failed because a process is gone: say which
+            # A collective failed because a process is gone: say which (without closing Orbax,
+            # whose pending commit would wait on the lost process until JAX's deadline).
+            liveness.raise_if_lost(e)
             core.close_checkpointer()
             raise
     if watch.signalled and not result.preempted:  # after the last loop: training was complete
