@@ -2,6 +2,10 @@
 
     .venv/bin/python scripts/failure_campaign.py [--timeout 120] [-k substring]
 
+The "4 processes" cases start 4 processes of 2 CPU devices each (lost host
+deadline `lost_host_timeout_s=10`), each case in its own process with a hard
+timeout (900 s); they report the time from the fault to the last process's exit.
+
 For every case it prints how the process ended: our error (its class and first
 line), a clean exit, a HANG (killed after --timeout seconds), or RAW (a
 traceback whose exception is not one of ours, or was raised inside a
@@ -35,6 +39,8 @@ Y = (X[:, 0] > 0).astype(np.int32)
 D = sys.argv[1]
 
 def model_fn(features, labels, mode, params):
+    if isinstance(features, dict):  # as a serving receiver gives them
+        features = features["x"]
     logits = nn.Dense(2)(features)
     if mode == te.ModeKeys.PREDICT:
         return te.TPUEstimatorSpec(mode, predictions={"logits": logits})
@@ -56,6 +62,8 @@ def est(model_dir=None, **kw):
 
 def newest(model_dir):
     return max((p for p in glob.glob(model_dir + "/*") if os.path.basename(p).isdigit()), key=lambda p: int(os.path.basename(p)))
+
+RECEIVER = te.build_raw_serving_input_receiver_fn({'x': te.TensorSpec((None, 4), 'float32')})
 
 def biggest_file(step_dir):
     files = [p for p in glob.glob(step_dir + "/**/*", recursive=True) if os.path.isfile(p)]
@@ -133,9 +141,47 @@ CASES = {
         rc = subprocess.run([sys.executable, '-c', code]).returncode
         e = est(); e.train(input_fn, max_steps=8)
         print('killed with', rc, '; resumed to', e.latest_checkpoint().rsplit('/', 1)[-1])"""),
+    # --- signals outside train() (one process) ---
+    "SIGTERM during evaluate": textwrap.dedent("""
+        class Term(te.SessionRunHook):
+            def after_run(self, ctx, v): os.kill(os.getpid(), signal.SIGTERM)
+        e = est(); e.train(input_fn, max_steps=2)
+        def endless(params):
+            while True: yield from input_fn(params)
+        e.evaluate(endless, hooks=[Term()])"""),
+    "SIGTERM during predict": textwrap.dedent("""
+        class Term(te.SessionRunHook):
+            def after_run(self, ctx, v): os.kill(os.getpid(), signal.SIGTERM)
+        e = est(); e.train(input_fn, max_steps=2)
+        def endless(params):
+            while True: yield from input_fn(params)
+        for p in e.predict(endless, hooks=[Term()]): pass"""),
+    "SIGTERM during train_and_evaluate's evaluation": textwrap.dedent("""
+        class Term(te.SessionRunHook):
+            def after_run(self, ctx, v): os.kill(os.getpid(), signal.SIGTERM)
+        def endless(params):
+            while True: yield from input_fn(params)
+        te.train_and_evaluate(est(), te.TrainSpec(endless, max_steps=4), te.EvalSpec(endless, steps=None, hooks=[Term()]))"""),
+    "SIGKILL during export, then export again": textwrap.dedent("""
+        import subprocess, threading
+        est().train(input_fn, max_steps=2)
+        code = "import sys; sys.argv = ['x', %r]\\n" % D + PRELUDE_TEXT + (
+            "\\nimport threading\\n"
+            "def kill_when_writing():\\n"
+            "    while not glob.glob(D + '/exports/.temp-*'): time.sleep(0.001)\\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\\n"
+            "threading.Thread(target=kill_when_writing, daemon=True).start()\\n"
+            "est().export_saved_model(D + '/exports', RECEIVER)\\n")
+        rc = subprocess.run([sys.executable, '-c', code]).returncode
+        left = glob.glob(D + '/exports/.temp-*')
+        est().export_saved_model(D + '/exports', RECEIVER)
+        print('export killed with', rc, ';', len(left), 'temporary dir(s) left;',
+              len(glob.glob(D + '/exports/.temp-*')), 'after the next export;',
+              len([n for n in os.listdir(D + '/exports') if n.isdigit()]), 'export(s)')"""),
 }
 
-OURS = ("CheckpointStorageError", "DamagedCheckpointError", "NanLossDuringTrainingError", "ValueError", "TypeError")
+OURS = ("CheckpointStorageError", "DamagedCheckpointError", "NanLossDuringTrainingError", "PreemptedError",
+        "HostLostError", "ValueError", "TypeError")
 
 
 def run_case(name: str, body: str, timeout: float) -> tuple[str, str]:
@@ -163,18 +209,227 @@ def run_case(name: str, body: str, timeout: float) -> tuple[str, str]:
     return (f"error {kind}" if ours else f"RAW {kind}"), detail[:160]
 
 
+# --- several processes (4 x 2 CPU devices): each case runs in its own process too ---------
+
+LOST_WORKER = ROOT / "tests" / "multihost" / "lost_host_worker.py"
+EVAL_WORKER = ROOT / "tests" / "multihost" / "preempt_eval_worker.py"
+NPROC, DEADLINE_S, STEPS = 4, 10, 24
+
+
+def _launch(worker, args_of, out, env_of=None):
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for i in range(NPROC):
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        env.update({"PYTHONPATH": str(ROOT), **((env_of or {}).get(i, {}))})
+        procs.append(subprocess.Popen([sys.executable, str(worker), *args_of(i, port)], env=env, cwd=ROOT,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs, time.monotonic()
+
+
+def _wait_started(procs, out, timeout=300):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(f"{out}.started{i}") for i in range(NPROC)):
+        if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+            raise RuntimeError("the workers did not start")
+        time.sleep(0.05)
+
+
+def _finish(procs, timeout):
+    import time
+
+    t0, logs = time.monotonic(), []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=max(1.0, timeout - (time.monotonic() - t0)))[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            logs.append(p.communicate()[0] + "\n<HANG: killed>")
+    return [p.returncode for p in procs], logs, time.monotonic() - t0
+
+
+def _train(d, name, max_steps, env_of=None):
+    """A 4-process training run to `max_steps` (resuming from `d/name`): (rcs, logs, params of process 0)."""
+    import numpy as np
+
+    out, model_dir = f"{d}/{name}.out", f"{d}/{name}"
+    procs, _ = _launch(LOST_WORKER, lambda i, port: [str(i), str(NPROC), str(port), model_dir, "train",
+                                                      str(DEADLINE_S), out, str(max_steps)], out, env_of)
+    rcs, logs, _ = _finish(procs, 600)
+    params = dict(np.load(f"{out}.0.npz")) if os.path.exists(f"{out}.0.npz") else None
+    return rcs, logs, params
+
+
+def _identical(a, b):
+    import numpy as np
+
+    return a is not None and b is not None and a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def _survivors(logs, rcs, lost):
+    named = sum(f"Process {lost} of {NPROC} stopped" in log for i, log in enumerate(logs) if i != lost)
+    codes = sorted({rc for i, rc in enumerate(rcs) if i != lost})
+    return f"{named}/{NPROC - 1} survivors named process {lost} (HostLostError); exit codes {codes}"
+
+
+def _kill_case(d, phase, lost, env_of=None, kill_after_s=2.0):
+    """Kills process `lost` (unless it kills itself, env_of) and returns (survivor summary, seconds to exit)."""
+    import time
+
+    out, model_dir = f"{d}/k.out", f"{d}/run"
+    procs, _ = _launch(LOST_WORKER, lambda i, port: [str(i), str(NPROC), str(port), model_dir, phase,
+                                                      str(DEADLINE_S), out, str(STEPS if env_of else 0)], out, env_of)
+    if env_of:  # it kills itself at a save
+        procs[lost].wait(timeout=600)
+    else:
+        _wait_started(procs, out)
+        time.sleep(kill_after_s)
+        procs[lost].kill()
+    t_kill = time.monotonic()
+    rcs, logs, _ = _finish(procs, DEADLINE_S + 120)
+    return _survivors(logs, rcs, lost), time.monotonic() - t_kill, logs
+
+
+def case_lost_mid_training(d):
+    clean = _train(d, "clean", STEPS)[2]
+    summary, secs, _ = _kill_case(d, "train", lost=3)
+    import glob
+
+    steps = sorted(int(os.path.basename(p)) for p in glob.glob(f"{d}/run/*") if os.path.basename(p).isdigit())
+    rcs, _, resumed = _train(d, "run", STEPS)
+    same = _identical(clean, resumed)
+    return summary, secs, (f"0 commits lost (kept steps {steps}); restart of all 4 to step {STEPS}: "
+                           f"{'bit-identical' if same else 'DIFFERENT'} to the clean run, exit codes {sorted(set(rcs))}")
+
+
+def case_lost_mid_save(d):
+    clean = _train(d, "clean", STEPS)[2]
+    summary, secs, _ = _kill_case(d, "train", lost=3, env_of={3: {"LOST_HOST_KILL_AT_SAVE": "8"}})
+    import glob
+
+    steps = sorted(int(os.path.basename(p)) for p in glob.glob(f"{d}/run/*") if os.path.basename(p).isdigit())
+    rcs, _, resumed = _train(d, "run", STEPS)
+    same = _identical(clean, resumed)
+    return summary, secs, (f"killed as step 8's save began (step 4's commit in flight); steps on disk {steps}; restart of all 4: "
+                           f"{'bit-identical' if same else 'DIFFERENT'} to the clean run, exit codes {sorted(set(rcs))}")
+
+
+def case_lost_mid_evaluation(d):
+    summary, secs, _ = _kill_case(d, "evaluate", lost=1)
+    out = f"{d}/again.out"
+    procs, _ = _launch(LOST_WORKER, lambda i, port: [str(i), str(NPROC), str(port), f"{d}/run", "evaluate",
+                                                      str(DEADLINE_S), out, "8"], out)
+    rcs, logs, _ = _finish(procs, 600)
+    evals = {line for log in logs for line in log.splitlines() if line.startswith("eval ")}
+    return summary, secs, f"no metrics recorded; restart of all 4: exit codes {sorted(set(rcs))}, {len(evals)} distinct result(s)"
+
+
+def case_sigterm_one_of_four_training(d):
+    import signal
+    import time
+
+    out, model_dir = f"{d}/t.out", f"{d}/run"
+    procs, _ = _launch(LOST_WORKER, lambda i, port: [str(i), str(NPROC), str(port), model_dir, "train",
+                                                      str(DEADLINE_S), out, "0"], out)
+    _wait_started(procs, out)
+    time.sleep(2.0)
+    procs[2].send_signal(signal.SIGTERM)
+    t = time.monotonic()
+    rcs, logs, _ = _finish(procs, 300)
+    saved = {line.split()[1] for log in logs for line in log.splitlines() if line.startswith("preempted ")}
+    return (f"{sum(rc == 0 for rc in rcs)}/{NPROC} returned preempted=True, exit codes {sorted(set(rcs))}",
+            time.monotonic() - t, f"all saved the same step: {len(saved) == 1} ({sorted(saved)}); 0 steps lost")
+
+
+def _sigterm_inference(d, call):
+    import json
+    import signal
+    import time
+
+    out, model_dir = f"{d}/i.out", f"{d}/run"
+    procs, _ = _launch(EVAL_WORKER, lambda i, port: [str(i), str(NPROC), str(port), model_dir, call, out], out)
+    _wait_started(procs, out)
+    procs[1].send_signal(signal.SIGTERM)
+    t = time.monotonic()
+    rcs, logs, _ = _finish(procs, 300)
+    secs = time.monotonic() - t
+    results = [json.load(open(f"{out}.{i}.json")) for i in range(NPROC) if os.path.exists(f"{out}.{i}.json")]
+    errors = {r["error"] for r in results}
+    same = len(errors) == 1 and None not in errors
+    return (f"{sum(bool(r['error']) for r in results)}/{NPROC} raised PreemptedError, exit codes {sorted(set(rcs))}",
+            secs, f"same batch on all: {same}; nothing written (eval dir: {any(r['eval_dir'] for r in results)})")
+
+
+def case_sigterm_one_of_four_evaluate(d):
+    return _sigterm_inference(d, "evaluate")
+
+
+def case_sigterm_one_of_four_predict(d):
+    return _sigterm_inference(d, "predict")
+
+
+CLUSTER_CASES = {
+    "4 processes: SIGKILL one mid-training, restart all": case_lost_mid_training,
+    "4 processes: SIGKILL one as a save begins (the previous commit in flight), restart all": case_lost_mid_save,
+    "4 processes: SIGKILL one mid-evaluation, restart all": case_lost_mid_evaluation,
+    "4 processes: SIGTERM one mid-training": case_sigterm_one_of_four_training,
+    "4 processes: SIGTERM one during evaluate": case_sigterm_one_of_four_evaluate,
+    "4 processes: SIGTERM one during predict": case_sigterm_one_of_four_predict,
+}
+
+
+def run_cluster_case(name: str, timeout: float) -> tuple[str, str, str]:
+    """Runs CLUSTER_CASES[name] in its own process: (outcome, seconds from the fault to the last exit, data lost)."""
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            out = subprocess.run([sys.executable, __file__, "--cluster-case", name, d], capture_output=True,
+                                 text=True, timeout=timeout, cwd=ROOT)
+        except subprocess.TimeoutExpired:
+            return "HANG", f"killed after {timeout:.0f} s", "?"
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        return "RAW (the case failed)", "", (out.stderr.strip().splitlines() or [""])[-1][:160]
+    outcome, secs, lost = lines[-1].split("\t")
+    return outcome, f"{float(secs):.1f} s", lost
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timeout", type=float, default=120)
     parser.add_argument("-k", default="")
+    parser.add_argument("--cluster-case", nargs=2, metavar=("NAME", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.cluster_case:
+        outcome, secs, lost = CLUSTER_CASES[args.cluster_case[0]](args.cluster_case[1])
+        print(f"{outcome}\t{secs}\t{lost}")
+        return 0
     bad = 0
+    print("| case | outcome | time to exit | requests sent | data lost | detail |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name, body in CASES.items():
         if args.k not in name:
             continue
+        import time
+
+        t0 = time.monotonic()
         outcome, detail = run_case(name, body, args.timeout)
         bad += outcome.startswith(("HANG", "RAW"))
-        print(f"| {name} | {outcome} | {detail.replace('|', '/')} |", flush=True)
+        print(f"| {name} | {outcome} | {time.monotonic() - t0:.1f} s (whole case) | - (local disk) | - | "
+              f"{detail.replace('|', '/')} |", flush=True)
+    for name in CLUSTER_CASES:
+        if args.k not in name:
+            continue
+        outcome, secs, lost = run_cluster_case(name, max(args.timeout, 900))
+        bad += outcome.startswith(("HANG", "RAW"))
+        print(f"| {name} | {outcome} | {secs} after the fault | - (local disk) | {lost.replace('|', '/')} | |",
+              flush=True)
     print(f"{bad} case(s) hung or ended in a raw traceback")
     return 1 if bad else 0
 

@@ -63,7 +63,9 @@ if _typing.TYPE_CHECKING:  # what type checkers and readers see; at run time `__
     from tpu_estimator.estimator.tpu_estimator import TPUEstimator as TPUEstimator
     from tpu_estimator.errors import CheckpointStorageError as CheckpointStorageError
     from tpu_estimator.errors import DamagedCheckpointError as DamagedCheckpointError
+    from tpu_estimator.errors import HostLostError as HostLostError
     from tpu_estimator.errors import NanLossDuringTrainingError as NanLossDuringTrainingError
+    from tpu_estimator.errors import PreemptedError as PreemptedError
     from tpu_estimator.parallel.input_context import InputContext as InputContext
     from tpu_estimator.checkpoint.reader import list_variables as list_variables
     from tpu_estimator.loops.compiles import count_compiles as count_compiles
@@ -166,7 +168,9 @@ _LAZY = {
     "tpu_estimator.errors": (
         "CheckpointStorageError",
         "DamagedCheckpointError",
+        "HostLostError",
         "NanLossDuringTrainingError",
+        "PreemptedError",
     ),
     "tpu_estimator.parallel.input_context": ("InputContext",),
     "tpu_estimator.checkpoint.reader": ("list_variables", "load_variable"),
@@ -239,6 +243,7 @@ __all__ = [
     "FixedLenFeature",
     "FtrlParameters",
     "HostCallFn",
+    "HostLostError",
     "InputContext",
     "InputFn",
     "InputPipelineConfig",
@@ -250,6 +255,7 @@ __all__ = [
     "NanLossDuringTrainingError",
     "NanTensorHook",
     "PredictOutput",
+    "PreemptedError",
     "ProfilerHook",
     "RegressionOutput",
     "RunConfig",

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["CheckpointStorageError", "DamagedCheckpointError", "NanLossDuringTrainingError"]
+__all__ = [
+    "CheckpointStorageError",
+    "DamagedCheckpointError",
+    "HostLostError",
+    "NanLossDuringTrainingError",
+    "PreemptedError",
+]
 
 
 class NanLossDuringTrainingError(RuntimeError):
@@ -30,4 +36,30 @@ class DamagedCheckpointError(ValueError):
     intact step, and how to continue (delete the step directory, pass
     `checkpoint_path=` to the intact step, or set
     `RunConfig(fall_back_to_intact_checkpoint=True)`).
+    """
+
+
+class PreemptedError(RuntimeError):
+    """A preemption notice (SIGTERM) stopped `evaluate()` or `predict()` before its end.
+
+    Raised at the first loop boundary after the notice, on every process at
+    the same one (several processes agree through JAX's preemption sync
+    point). Nothing was written: evaluate() records no metrics (partial ones
+    would be silently wrong), predict()'s generator stops with it. The
+    checkpoint is untouched; run the call again in the new job. `train()` is
+    not an error when preempted: it saves and returns (`TPUEstimator.preempted`).
+    """
+
+
+
+class HostLostError(RuntimeError):
+    """Another process of a multi-process job stopped (killed, crashed, its machine lost).
+
+    Every survivor logs this message, naming the lost process, as soon as it is
+    known (at once for a process killed outright, after
+    `ClusterConfig.lost_host_timeout_s` for one gone silent), and raises it from
+    train/evaluate/predict when their collective fails. JAX itself then ends
+    the survivors within `lost_host_timeout_s` (SIGABRT from its coordination
+    service; nothing public lets Python stop that). The newest committed
+    checkpoint is intact: restart every process to resume from it.
     """

@@ -308,3 +308,17 @@ def test_fall_back_to_intact_checkpoint_must_be_a_bool(value):
         RunConfig(fall_back_to_intact_checkpoint=value)
     with pytest.raises(TypeError, match="fall_back_to_intact_checkpoint"):
         RunConfig().replace(fall_back_to_intact_checkpoint=value)
+
+
+def test_lost_host_timeout_from_the_cluster_config_else_the_environment_else_60():
+    from tpu_estimator.parallel.distributed import ENV_LOST_HOST_TIMEOUT, lost_host_timeout_s
+
+    assert lost_host_timeout_s(ClusterConfig(lost_host_timeout_s=9.5), environ={ENV_LOST_HOST_TIMEOUT: "30"}) == 10
+    assert lost_host_timeout_s(ClusterConfig(), environ={ENV_LOST_HOST_TIMEOUT: "30"}) == 30
+    assert lost_host_timeout_s(None, environ={}) == 60
+    with pytest.raises(ValueError, match=r"TPU_ESTIMATOR_LOST_HOST_TIMEOUT_S must be a number of seconds >= 1. "
+                       r"Received: TPU_ESTIMATOR_LOST_HOST_TIMEOUT_S='soon'"):
+        lost_host_timeout_s(None, environ={ENV_LOST_HOST_TIMEOUT: "soon"})
+    with pytest.raises(ValueError, match=r"lost_host_timeout_s` must be a number of seconds >= 1.*"
+                       r"Received: lost_host_timeout_s=0"):
+        ClusterConfig("h:1", 2, 0, lost_host_timeout_s=0)

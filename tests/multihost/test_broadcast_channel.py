@@ -92,3 +92,51 @@ def test_a_host_with_the_wrong_key_cannot_connect_and_host_zero_times_out():
     assert errors[0].args[0].startswith("Host 1 could not connect to host 0 for its broadcast input")
     assert f"Received: port {port}: 127.0.0.1:" in errors[0].args[0]
     assert "or use PER_HOST_V1/PER_HOST_V2 input" in errors[0].args[0]
+
+
+def test_elements_go_as_typed_raw_buffers_never_pickled():
+    import ml_dtypes
+
+    from tpu_estimator.feeding import wire
+
+    features = {
+        "f32": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "bf16": np.array([[1.5, -2.0]], ml_dtypes.bfloat16),
+        "ids": np.array([[1, 2]], np.int64)[:, ::-1],  # not contiguous
+        "words": np.array([b"ab", b"cde"]),
+        "text": np.array(["x", "yz"]),
+        "flag": np.array(True),
+        "empty": np.zeros((0, 4), np.int8),
+    }
+    payload = wire.encode((features, None))
+    assert b"pickle" not in payload and payload[4:5] == b"{"  # a JSON header
+    got, labels = wire.decode(payload)
+    assert labels is None and list(got) == list(features)
+    for k, want in features.items():
+        assert got[k].dtype == want.dtype and got[k].shape == want.shape, k
+        np.testing.assert_array_equal(got[k], want, err_msg=k)
+    got, labels = wire.decode(wire.encode((np.ones(3), np.arange(3))))
+    np.testing.assert_array_equal(got, np.ones(3))
+    np.testing.assert_array_equal(labels, np.arange(3))
+    refilled = np.zeros(4, np.float32)
+    payload = wire.encode((refilled, None))
+    refilled[:] = 7  # an input_fn that refills its arrays in place: the frame keeps what was sent
+    np.testing.assert_array_equal(wire.decode(payload)[0], np.zeros(4))
+    with pytest.raises(TypeError, match=r"raw buffers, never pickled.*Received: features\['names'\] of "
+                       r"dtype object.*dtype=bytes"):
+        wire.encode(({"names": np.array(["a", None], object)}, None))
+    bad = wire.encode((np.ones(2), None))
+    with pytest.raises(ValueError, match="header describes"):
+        wire.decode(bad + b"\0")
+
+
+def test_the_senders_queue_is_bounded_and_a_host_that_never_reads_is_an_error():
+    ours, (theirs,) = connected(secrets.token_bytes(32))
+    sender = broadcast.Sender(ours[0], limit=1 << 20, wait_s=1.0)  # host 1 never reads
+    frame = bytes(256 << 10)
+    with pytest.raises(RuntimeError, match=r"A host read none of host 0's broadcast input.*for 1 s.*"
+                       r"Received: \d+ bytes in \d+ batches queued for it"):
+        for _ in range(64):  # 16 MiB: past the socket's buffers and the 1 MiB bound
+            sender.send(b"D", frame)
+    theirs.close()
+    ours[0].close()

@@ -60,20 +60,20 @@ def test_two_processes_match_one_and_share_checkpoints(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "variable, mode",
-    [("WORKER_INPUT_MODE", "BROADCAST"), ("WORKER_EVAL_MODE", "SLICED")],
+    "variable, mode, nproc",
+    [("WORKER_INPUT_MODE", "BROADCAST", 4), ("WORKER_EVAL_MODE", "SLICED", 2)],
 )
-def test_input_from_host_zero_matches_one_host(tmp_path, monkeypatch, variable, mode):
+def test_input_from_host_zero_matches_one_host(tmp_path, monkeypatch, variable, mode, nproc):
     # BROADCAST (train, eval, predict) / SLICED (eval, predict): input_fn runs on host 0
-    # only; host 1 receives its batches.
+    # only; the other hosts receive its batches (raw buffers behind a typed header).
     monkeypatch.setenv(variable, mode)
-    two = run(2, tmp_path / "a", 4, tmp_path / "two.npz")
+    two = run(nproc, tmp_path / "a", 4, tmp_path / "two.npz")
     monkeypatch.delenv(variable)
     one = run(1, tmp_path / "b", 4, tmp_path / "one.npz")
     for k in set(one) - {"procs"}:  # BROADCAST: every replica saw the whole batch, same mean gradient
         np.testing.assert_allclose(two[k], one[k], rtol=1e-5, atol=1e-6, err_msg=k)
     expected = np.load(f"{tmp_path / 'one.npz'}.predict0.npy")
-    for i in range(2):  # each host yields the predictions of host 0's input
+    for i in range(nproc):  # each host yields the predictions of host 0's input
         np.testing.assert_allclose(np.load(f"{tmp_path / 'two.npz'}.predict{i}.npy"), expected, rtol=1e-5, atol=1e-6)
 
 

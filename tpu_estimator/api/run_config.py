@@ -36,13 +36,31 @@ class ClusterConfig:
       coordinator_address: `host:port` of process 0's coordinator service.
       num_processes: Number of processes (hosts) in the job.
       process_id: This process's index in `[0, num_processes)`.
+      lost_host_timeout_s: Seconds after which a process that stopped (killed,
+        crashed, its machine lost) ends the job: JAX's heartbeat timeout
+        (`jax.distributed.initialize(heartbeat_timeout_seconds=)`). None: the
+        `TPU_ESTIMATOR_LOST_HOST_TIMEOUT_S` environment variable, else 60 (JAX's
+        own default is 100). A process killed outright is named at once in every
+        survivor's log (`HostLostError`); see docs/cluster.md.
     """
 
     coordinator_address: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
+    lost_host_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
+        if self.lost_host_timeout_s is not None and (
+            isinstance(self.lost_host_timeout_s, bool)
+            or not isinstance(self.lost_host_timeout_s, (int, float))
+            or not self.lost_host_timeout_s >= 1
+        ):
+            raise ValueError(
+                message(
+                    "`lost_host_timeout_s` must be a number of seconds >= 1, or None.",
+                    f"lost_host_timeout_s={self.lost_host_timeout_s!r}",
+                )
+            )
         given = [
             self.coordinator_address is not None,
             self.num_processes is not None,

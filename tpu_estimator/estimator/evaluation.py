@@ -6,6 +6,9 @@ merging loop L while the devices run loop L+1). Full batches run the model as
 written; the loss of a batch is the mean of the replicas' losses. A padded
 final batch runs per example (see `loops/evaluate.py`) and its padding rows
 are dropped, so the loss and every metric count each real example once.
+
+A SIGTERM stops it at the next loop boundary (on several processes, the same
+one everywhere) with `PreemptedError`: no metrics recorded (estimator/preemption.py).
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import numpy as np
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
-from tpu_estimator.estimator import hook_runner, inference, progress
+from tpu_estimator.estimator import hook_runner, inference, liveness, preemption, progress
 from tpu_estimator.feeding.device import Placer, batch_specs
 from tpu_estimator.feeding.lockstep import lockstep_feed, real_rows
 from tpu_estimator.api.session_run_hook import RunContext
 from tpu_estimator.metrics import Metric, merge_stacked
+from tpu_estimator.parallel.distributed import lost_host_timeout_s
 from tpu_estimator.paths import join
 from tpu_estimator.summary.eval_results import record_eval
 
@@ -52,6 +56,16 @@ def evaluate(
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps <= 0):
         raise ValueError(message("Must specify steps > 0.", f"steps={steps!r}"))
     hooks = hook_runner.check_hooks(hooks, "hooks")
+    liveness.watch_hosts(lost_host_timeout_s(core.config.cluster))
+    try:
+        return _evaluate(core, input_fn, steps, hooks, checkpoint_path, name)
+    except Exception as e:
+        liveness.raise_if_lost(e)  # a collective failed because a process is gone: say which
+        raise
+
+
+def _evaluate(core: "Core", input_fn: Any, steps: int | None, hooks: list[Any], checkpoint_path: str | None,
+              name: str | None) -> dict[str, Any]:
     ref = core.find_checkpoint(checkpoint_path)
     runtime = core.runtime(ModeKeys.EVAL)
     batches, _ = core.open_input(runtime, input_fn)
@@ -74,7 +88,8 @@ def evaluate(
     )
     blocks = inference.blocking(strategy, size, first, lambda b: b.tree, core.topology, batches.axes)
     evaluated = 0
-    with lockstep_feed(first, batches, lambda b: place(b.tree), steps=steps, blocking=blocks) as feed:
+    with preemption.Watch(redeliver=True) as watch, \
+            lockstep_feed(first, batches, lambda b: place(b.tree), steps=steps, blocking=blocks) as feed:
         for done in runner.run(feed):
             ctx = RunContext(session=core)
             requests = [h.before_run(ctx) for h in all_hooks]
@@ -83,6 +98,7 @@ def evaluate(
             evaluated += done.num_steps
             values = {"loss": acc.loss_so_far(), "global_step": global_step, "batches": evaluated}
             hook_runner.after_run(all_hooks, ctx, requests, values, global_step)
+            watch.raise_if_reached("evaluate()", batches=evaluated, global_step=global_step)
             if ctx.stop_requested:
                 break
     results = acc.results()

@@ -5,6 +5,11 @@ the caller consumes loop L's predictions while the devices run loop L+1.
 A final short batch is padded to the batch size (one compiled program) and
 the padding rows are dropped: exactly one prediction per input example.
 Closing or abandoning the generator stops the input thread.
+
+While the generator is open (from its first `next()` to its end or close), a
+SIGTERM stops it at the next loop boundary (on several processes, the same
+one everywhere) with `PreemptedError`; the predictions of that loop are not
+handed out (estimator/preemption.py).
 """
 
 from __future__ import annotations
@@ -16,10 +21,11 @@ import numpy as np
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
-from tpu_estimator.estimator import hook_runner, inference, progress
+from tpu_estimator.estimator import hook_runner, inference, liveness, preemption, progress
 from tpu_estimator.feeding.device import Placer, batch_specs
 from tpu_estimator.feeding.lockstep import lockstep_feed
 from tpu_estimator.api.session_run_hook import RunContext
+from tpu_estimator.parallel.distributed import lost_host_timeout_s
 
 if TYPE_CHECKING:
     from tpu_estimator.estimator.core import Core
@@ -44,6 +50,15 @@ def predict(
 
 
 def _generate(core, input_fn, predict_keys, hooks, checkpoint_path, single) -> Iterator[Any]:
+    liveness.watch_hosts(lost_host_timeout_s(core.config.cluster))
+    try:
+        yield from _predictions(core, input_fn, predict_keys, hooks, checkpoint_path, single)
+    except Exception as e:
+        liveness.raise_if_lost(e)  # a collective failed because a process is gone: say which
+        raise
+
+
+def _predictions(core, input_fn, predict_keys, hooks, checkpoint_path, single) -> Iterator[Any]:
     ref = core.find_checkpoint(checkpoint_path)
     runtime = core.runtime(ModeKeys.PREDICT)
     batches, _ = core.open_input(runtime, input_fn)
@@ -67,7 +82,8 @@ def _generate(core, input_fn, predict_keys, hooks, checkpoint_path, single) -> I
     hook_runner.call_all(all_hooks, "begin")
     hook_runner.call_all(all_hooks, "after_create_session", core, None)
     predicted = 0
-    with lockstep_feed(first, batches, lambda b: place(b.features), blocking=blocks) as feed:
+    with preemption.Watch(redeliver=True) as watch, \
+            lockstep_feed(first, batches, lambda b: place(b.features), blocking=blocks) as feed:
         for done in runner.run(feed):
             ctx = RunContext(session=core)
             requests = [h.before_run(ctx) for h in all_hooks]
@@ -83,6 +99,7 @@ def _generate(core, input_fn, predict_keys, hooks, checkpoint_path, single) -> I
             predicted += len(outputs)
             values = {"global_step": global_step, "batches": predicted}
             hook_runner.after_run(all_hooks, ctx, requests, values, global_step)
+            watch.raise_if_reached("predict()", batches=predicted, global_step=global_step)
             for preds in outputs:  # the devices run the next loop meanwhile
                 if single:
                     yield from _examples(preds)

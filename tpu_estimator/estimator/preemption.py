@@ -1,17 +1,23 @@
-"""Preemption: a SIGTERM stops `train()` at the next loop boundary, with the step saved.
+"""Preemption: a SIGTERM stops `train()` at the next loop boundary, with the step saved;
+`evaluate()` and `predict()` stop there with `PreemptedError`, nothing written.
 
 SIGTERM is what schedulers send before taking the machines away (TPU
 maintenance events, spot VMs, `kubectl delete`, SLURM preemption). While
 `train()` runs, a `Watch` notices it, and the host loop asks `reached()`
 once per loop boundary; when it says True, the loop saves that step (with
 the input position), runs the hooks' and listeners' `end`, and `train()`
-returns with `preempted=True`.
+returns with `preempted=True`. `evaluate()` and `predict()` ask at each of
+their loop boundaries too and raise `PreemptedError` (`raise_if_reached`):
+partial metrics would be silently wrong, so none are recorded.
 
 One process: a Python SIGTERM handler that only records the signal (a
 second SIGTERM while the checkpoint is written changes nothing), installed
 for the duration of `train()` from the main thread and the previous handler
-restored after. Elsewhere (`signal.signal` works only on the main thread)
-none is installed.
+restored after. A SIGTERM recorded but never acted on (it came after the
+last boundary of an evaluate(), or while predict()'s generator was suspended
+and it is then closed) is delivered again to the previous handler when the
+call ends, so the scheduler's notice is never lost. Elsewhere
+(`signal.signal` works only on the main thread) none is installed.
 
 Several processes (`jax.distributed`): the coordination service owns
 SIGTERM: `jax.distributed.initialize` installs a C++ handler (its preemption
@@ -36,6 +42,8 @@ from typing import Any, Literal
 
 import jax
 from jax.experimental import multihost_utils
+
+from tpu_estimator.errors import PreemptedError
 
 log = logging.getLogger("tpu_estimator")
 
@@ -63,8 +71,10 @@ class Watch:
       ...             break  # save `step`, then return
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, redeliver: bool = False) -> None:
         self.how = _how()
+        self._redeliver = redeliver
+        self._acted = False
         self._signalled = threading.Event()
         self._previous: Any = None
         self._installed = False
@@ -85,10 +95,17 @@ class Watch:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._installed and threading.current_thread() is not threading.main_thread():
+            log.warning("The SIGTERM handler of a call cannot be removed off the main thread (a "
+                        "generator closed by another thread): it stays until the process ends.")
+            return
         if self._installed:
             # None: the previous handler was not set from Python; SIG_DFL is Python's view of it.
             signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
             self._installed = False
+            if self._redeliver and self._signalled.is_set() and not self._acted:
+                log.warning("A SIGTERM came after the last loop boundary: delivered to the previous handler.")
+                signal.raise_signal(signal.SIGTERM)
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
         """The handler: records only (the loop acts at its next boundary)."""
@@ -102,5 +119,19 @@ class Watch:
     def reached(self) -> bool:
         """Asked at each loop boundary, on every process: True to stop and save there."""
         if self.how == "sync":
-            return bool(multihost_utils.reached_preemption_sync_point(next(_boundaries)))
-        return self._signalled.is_set()
+            reached = bool(multihost_utils.reached_preemption_sync_point(next(_boundaries)))
+        else:
+            reached = self._signalled.is_set()
+        self._acted = self._acted or reached
+        return reached
+
+    def raise_if_reached(self, call: str, *, batches: int, global_step: int) -> None:
+        """At a loop boundary of evaluate()/predict(): `PreemptedError` when a notice came."""
+        if self.reached():
+            log.warning("Preemption notice: %s stops after %d batches.", call, batches)
+            raise PreemptedError(
+                f"{call} was preempted (SIGTERM) after {batches} batches of the checkpoint at "
+                f"global step {global_step}; nothing was written"
+                + (" (no metrics recorded: partial ones would be wrong)" if call.startswith("evaluate") else "")
+                + ". Run it again in the new job: the checkpoint is unchanged."
+            )

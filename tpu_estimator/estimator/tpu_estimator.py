@@ -278,6 +278,9 @@ class TPUEstimator:
 
         Raises:
           ValueError: steps <= 0, or a metric named `loss` or `global_step`.
+          PreemptedError: a SIGTERM came before the last batch; raised at the
+            next loop boundary (on every process, the same one) with no
+            metrics recorded. Exit; the new job evaluates again.
         """
         return evaluation.evaluate(
             self._core, input_fn, steps=steps, hooks=hooks, checkpoint_path=checkpoint_path, name=name
@@ -298,6 +301,9 @@ class TPUEstimator:
         Raises:
           ValueError: unknown `predict_keys`, or predictions of differing
             batch sizes with `yield_single_examples`.
+          PreemptedError: from `next()`, when a SIGTERM came while the
+            generator was open (at the next loop boundary, on every process
+            the same one); that loop's predictions are not handed out.
         """
         return prediction.predict(
             self._core, input_fn, predict_keys=predict_keys, hooks=hooks,

@@ -118,6 +118,9 @@ def train_and_evaluate(estimator: Any, train_spec: TrainSpec, eval_spec: EvalSpe
 
     Raises:
       TypeError: if the specs are not a TrainSpec and an EvalSpec.
+      PreemptedError: a SIGTERM came during an evaluation (the checkpoint it
+        evaluated is saved; nothing of that evaluation or its exports was
+        written): exit, and the rerun evaluates it again.
 
     Example:
       >>> train_and_evaluate(est, TrainSpec(train_input_fn, max_steps=1000),

@@ -25,7 +25,7 @@ from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.errors import NanLossDuringTrainingError
 from tpu_estimator.checkpoint.manager import check_writable
-from tpu_estimator.estimator import hook_runner, inflight, preemption, progress
+from tpu_estimator.estimator import hook_runner, inflight, liveness, preemption, progress
 from tpu_estimator.estimator.runtime import Runtime
 from tpu_estimator.estimator.schedule import LoopSchedule
 from tpu_estimator.feeding import device
@@ -38,6 +38,7 @@ from tpu_estimator.hooks.listener import check_listeners, save_with_listeners
 from tpu_estimator.hooks.nan_tensor import handles_non_finite_loss
 from tpu_estimator.api.session_run_hook import RunContext
 from tpu_estimator.loops.strategy import LoopStrategy
+from tpu_estimator.parallel.distributed import lost_host_timeout_s
 from tpu_estimator.summary.train_summaries import TrainSummaries, hook_values
 
 if TYPE_CHECKING:
@@ -170,10 +171,14 @@ def train(
     hooks = hook_runner.check_hooks(hooks, "hooks")
     listeners = check_listeners(saving_listeners)
     check_writable(core.model_dir)
+    liveness.watch_hosts(lost_host_timeout_s(core.config.cluster))
     with preemption.Watch() as watch:
         try:
             result = _train(core, input_fn, hooks, listeners, steps, max_steps, watch)
-        except BaseException:
+        except BaseException as e:
+            # A collective failed because a process is gone: say which (without closing Orbax,
+            # whose pending commit would wait on the lost process until JAX's deadline).
+            liveness.raise_if_lost(e)
             core.close_checkpointer()
             raise
     if watch.signalled and not result.preempted:  # after the last loop: training was complete

@@ -4,7 +4,8 @@ The estimator's export methods delegate here. Each requested meta graph
 (tag set) gets one serialized function per signature; the weights are stored
 once, in safetensors. The result is `<export_dir_base>/<unix timestamp>`,
 committed atomically: on local disk the directory is written under a hidden
-temporary name and renamed when complete; on an object store (`gs://`), which
+temporary name and renamed when complete (what an interrupted one left is removed
+by the next export in that base, export/temp_dirs.py); on an object store (`gs://`), which
 cannot rename a directory, the files are written in place and `manifest.json`
 last, the commit marker that every reader requires (export/manifest.py).
 """
@@ -16,7 +17,6 @@ import logging
 import os
 import posixpath
 import time
-import uuid
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import jax
@@ -28,6 +28,7 @@ from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.api.serving_input import ServingInputReceiver
 from tpu_estimator.checkpoint import warm_start as ws
 from tpu_estimator.export import manifest as mf
+from tpu_estimator.export import temp_dirs
 from tpu_estimator.checkpoint import flat_io as var_io
 from tpu_estimator.embedding.sharded import check_fits, whole_tables
 from tpu_estimator.model import components
@@ -78,7 +79,9 @@ def export_all(
     local = is_local(base)
     epath.Path(base).mkdir(parents=True, exist_ok=True)
     # local: a hidden temporary directory, renamed at the end; object store: the final one
-    tmp = join(base, f".temp-{int(time.time())}-{uuid.uuid4().hex[:8]}") if local else _unused_timestamp(base)
+    if local:
+        temp_dirs.remove_abandoned(base)  # what interrupted exports left
+    tmp = temp_dirs.new_temp(base) if local else _unused_timestamp(base)
     epath.Path(tmp).mkdir(parents=True)
     try:
         var_dtypes = var_io.save(flat, tmp, mf.VARIABLES_FILE)

@@ -9,8 +9,10 @@ feeder threads cannot interleave with the training programs' collectives.
 Nothing is stored on the way: a batch is gone once every host has read it
 (host 0 keeps a batch only until its sender thread has written it to the
 socket; the hosts' steps are in lockstep, so that is a few loops' batches at
-most). Batches are pickled and not encrypted: hosts on a trusted network, as
-for JAX's own coordination service; a key checks both ends of a connection.
+most; the queue of each connection is bounded, `QUEUE_BYTES`). Batches go as raw
+array buffers behind a typed JSON header (feeding/wire.py), never pickled, and
+not encrypted: hosts on a trusted network, as for JAX's own coordination
+service; a key checks both ends of a connection.
 """
 
 from __future__ import annotations
@@ -18,8 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import pickle
-import queue
+import collections
 import secrets
 import socket
 import struct
@@ -34,6 +35,7 @@ import jax
 import numpy as np
 
 from tpu_estimator.api.checks import message
+from tpu_estimator.feeding import wire
 from tpu_estimator.feeding.host_batches import split_element
 
 CONNECT_TIMEOUT_S = 300.0  # how long host 0 waits for every host to connect
@@ -41,7 +43,8 @@ _TRY_TIMEOUT_S = 5.0  # one connection attempt to one of host 0's addresses
 _INFO_BYTES = 4096  # the broadcast record: host 0's addresses, port and key
 _HEADER = struct.Struct("!cQ")  # kind, payload length
 _DATA, _END = b"D", b"E"
-_CLOSED = object()
+QUEUE_BYTES = 1 << 30  # per connection: host 0 waits while more than this is unsent (at least one frame queued)
+QUEUE_WAIT_S = 300.0  # ... and fails if a host reads nothing for this long
 
 
 def broadcast_batches(iterator: Iterable[ArrayTree], *, num_hosts: int) -> Iterator[ArrayTree]:
@@ -53,7 +56,7 @@ def broadcast_batches(iterator: Iterable[ArrayTree], *, num_hosts: int) -> Itera
     server = listen()
     try:
         key = secrets.token_bytes(32)
-        _share_info({"addresses": own_addresses(), "port": server.getsockname()[1], "key": key.hex()})
+        share_info({"addresses": own_addresses(), "port": server.getsockname()[1], "key": key.hex()})
         conns = accept_hosts(server, key, num_hosts - 1)
     finally:
         server.close()
@@ -62,37 +65,37 @@ def broadcast_batches(iterator: Iterable[ArrayTree], *, num_hosts: int) -> Itera
 
 def received_batches() -> Iterator[ArrayTree]:
     """On the other hosts: the elements host 0 sends with `broadcast_batches` (connects now)."""
-    info = _share_info(None)
+    info = share_info(None)
     conn = connect_to_host0(info["addresses"], int(info["port"]), bytes.fromhex(info["key"]), me=jax.process_index())
     return receiving(conn)
 
 
 def sending(iterator: Iterable[ArrayTree], conns: list[socket.socket]) -> Iterator[ArrayTree]:
-    """Yields `iterator`'s elements, each sent (pickled, by a thread per connection) to `conns`.
+    """Yields `iterator`'s elements, each sent (raw buffers behind a typed header, by a thread per connection) to `conns`.
 
     The end of `iterator` is sent as such; closing the generator early closes the connections.
     """
-    senders = [_Sender(conn) for conn in conns]
+    senders = [Sender(conn) for conn in conns]
     batches = _sending(iter(iterator), senders)
     # A generator never started runs no `finally`: close the connections when it is dropped.
     weakref.finalize(batches, _finish, senders)
     return batches
 
 
-def _sending(iterator: Iterator[ArrayTree], senders: list["_Sender"]) -> Iterator[ArrayTree]:
+def _sending(iterator: Iterator[ArrayTree], senders: list["Sender"]) -> Iterator[ArrayTree]:
     ended = False
     try:
         for element in iterator:
-            data = pickle.dumps(split_element(element), protocol=pickle.HIGHEST_PROTOCOL)
+            payload = wire.encode(split_element(element))
             for sender in senders:
-                sender.send(_DATA, data)
+                sender.send(_DATA, payload)
             yield element
         ended = True
     finally:  # ended, closed early (the consumer stopped) or failed
         _finish(senders, ended=ended)
 
 
-def _finish(senders: list["_Sender"], *, ended: bool = False) -> None:
+def _finish(senders: list["Sender"], *, ended: bool = False) -> None:
     for sender in senders:
         sender.finish(ended)
 
@@ -104,46 +107,87 @@ def receiving(conn: socket.socket) -> Iterator[ArrayTree]:
             kind, data = _read_frame(conn)
             if kind == _END:
                 return
-            yield pickle.loads(data)
+            yield wire.decode(data)
     finally:
         conn.close()
 
 
-class _Sender:
-    """Writes frames to one host's connection on a daemon thread (host 0 never waits on a slow host)."""
+class Sender:
+    """Writes frames to one host's connection on a daemon thread (host 0 does not wait on a
+    slow host until `QUEUE_BYTES` are queued for it; then at most `QUEUE_WAIT_S`)."""
 
-    def __init__(self, conn: socket.socket) -> None:
-        self._conn = conn
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+    def __init__(self, conn: socket.socket, *, limit: int = QUEUE_BYTES, wait_s: float = QUEUE_WAIT_S) -> None:
+        self._conn, self._limit, self._wait_s = conn, limit, wait_s
+        self._frames: collections.deque = collections.deque()
+        self._queued = 0  # bytes in _frames
+        self._closing = self._gone = False
+        self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, daemon=True, name="tpu_estimator-broadcast")
         self._thread.start()
 
-    def send(self, kind: bytes, data: bytes) -> None:
-        self._queue.put((kind, data))
+    def send(self, kind: bytes, payload: bytes | bytearray) -> None:
+        """Queues one frame; waits while the queue is over its bound (raises after `wait_s`)."""
+        size = len(payload)
+        with self._cond:
+            ok = self._cond.wait_for(
+                lambda: self._gone or not self._frames or self._queued + size <= self._limit, self._wait_s)
+            if self._gone:  # the host closed its end: it needs no more input
+                return
+            if not ok:
+                raise RuntimeError(
+                    message(
+                        f"A host read none of host 0's broadcast input (BROADCAST/SLICED) for "
+                        f"{self._wait_s:g} s.",
+                        f"{self._queued} bytes in {len(self._frames)} batches queued for it",
+                        "See that host's log: it hangs or is far behind; restart the job.",
+                    )
+                )
+            self._frames.append((kind, payload))
+            self._queued += size
+            self._cond.notify_all()
 
     def finish(self, ended: bool) -> None:
         """Sends the end marker (input ended) or just closes (stopped early) after the queued frames."""
-        if ended:
-            self._queue.put((_END, b""))
-        self._queue.put(_CLOSED)
+        with self._cond:
+            if ended:
+                self._frames.append((_END, b""))
+            self._closing = True
+            self._cond.notify_all()
+
+    def _next(self) -> tuple[bytes, bytes | bytearray] | None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._frames or self._closing)
+            return self._frames[0] if self._frames else None
+
+    def _sent(self, payload: bytes | bytearray) -> None:
+        with self._cond:
+            self._frames.popleft()
+            self._queued -= len(payload)
+            self._cond.notify_all()
 
     def _run(self) -> None:
         try:
-            while (item := self._queue.get()) is not _CLOSED:
-                kind, data = item
-                self._conn.sendall(_HEADER.pack(kind, len(data)))
-                self._conn.sendall(data)
+            while (item := self._next()) is not None:
+                kind, payload = item
+                self._conn.sendall(_HEADER.pack(kind, len(payload)))
+                self._conn.sendall(payload)
+                self._sent(payload)
         except OSError:  # the host closed its end: it needs no more input
             pass
         finally:
+            with self._cond:
+                self._gone = True
+                self._frames.clear()
+                self._queued = 0
+                self._cond.notify_all()
             self._conn.close()
 
 
 # --- connecting ------------------------------------------------------------------
 
 
-def _share_info(info: dict[str, Any] | None) -> dict[str, Any]:
-    """Host 0's `info` on every host (a collective: every host calls it at the same point)."""
+def share_info(info: dict[str, Any] | None) -> dict[str, Any]:
+    """Host 0's `info` (a small JSON dict; None on the other hosts) on every host (a collective: every host calls it at the same point)."""
     record = np.zeros(_INFO_BYTES, np.uint8)
     if info is not None:
         while True:
@@ -251,7 +295,7 @@ def connect_to_host0(
     )
 
 
-def _read_exact(conn: socket.socket, n: int) -> bytes:
+def _read_into(conn: socket.socket, n: int) -> bytearray:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
@@ -259,13 +303,17 @@ def _read_exact(conn: socket.socket, n: int) -> bytes:
         if not read:
             raise ConnectionError("connection closed")
         got += read
-    return bytes(buf)
+    return buf
 
 
-def _read_frame(conn: socket.socket) -> tuple[bytes, bytes]:
+def _read_exact(conn: socket.socket, n: int) -> bytes:
+    return bytes(_read_into(conn, n))
+
+
+def _read_frame(conn: socket.socket) -> tuple[bytes, bytearray]:
     try:
         kind, size = _HEADER.unpack(_read_exact(conn, _HEADER.size))
-        return kind, _read_exact(conn, size)
+        return kind, _read_into(conn, size)
     except ConnectionError:
         raise RuntimeError(
             message(

@@ -10,6 +10,7 @@ single process needs nothing. See docs/cluster.md.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import TYPE_CHECKING, Mapping
 
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
     from tpu_estimator.api.run_config import ClusterConfig
 
 log = logging.getLogger("tpu_estimator")
+
+ENV_LOST_HOST_TIMEOUT = "TPU_ESTIMATOR_LOST_HOST_TIMEOUT_S"
+DEFAULT_LOST_HOST_TIMEOUT_S = 60  # a stalled host's heartbeats: long past a GC pause or a network blip
 
 # Environment that marks a job `jax.distributed.initialize()` can detect on its own.
 _AUTO_ENV = ("JAX_COORDINATOR_ADDRESS", "SLURM_STEP_NODELIST", "OMPI_MCA_orte_hnp_uri", "TPU_WORKER_HOSTNAMES")
@@ -37,6 +41,28 @@ def _auto_detectable(env: Mapping[str, str]) -> bool:
     return any(k in env for k in _AUTO_ENV)
 
 
+def lost_host_timeout_s(cluster: ClusterConfig | None = None, *, environ: Mapping[str, str] | None = None) -> int:
+    """Seconds after which a silent process ends the job (JAX's heartbeat timeout): the
+    cluster's `lost_host_timeout_s`, else TPU_ESTIMATOR_LOST_HOST_TIMEOUT_S, else 60."""
+    value = getattr(cluster, "lost_host_timeout_s", None)
+    if value is None:
+        env = os.environ if environ is None else environ
+        raw = env.get(ENV_LOST_HOST_TIMEOUT)
+        if raw is None:
+            return DEFAULT_LOST_HOST_TIMEOUT_S
+        try:
+            value = float(raw)
+        except ValueError:
+            value = float("nan")
+        if not value >= 1:
+            raise ValueError(
+                f"{ENV_LOST_HOST_TIMEOUT} must be a number of seconds >= 1. "
+                f"Received: {ENV_LOST_HOST_TIMEOUT}={raw!r}. Unset it for the default of "
+                f"{DEFAULT_LOST_HOST_TIMEOUT_S}."
+            )
+    return max(1, math.ceil(value))
+
+
 def initialize_cluster(cluster: ClusterConfig | None = None, *, environ: Mapping[str, str] | None = None) -> bool:
     """Joins the multi-host job once per process; True if this process is part of one.
 
@@ -52,20 +78,23 @@ def initialize_cluster(cluster: ClusterConfig | None = None, *, environ: Mapping
     if is_initialized():
         return True
     env = os.environ if environ is None else environ
+    heartbeat = lost_host_timeout_s(cluster, environ=env)
     cluster = cluster if cluster is not None and cluster.is_explicit else ClusterConfig.from_environment(env)
     if cluster.is_explicit:
         log.info(
-            "Joining %d processes at %s as process %d.",
-            cluster.num_processes, cluster.coordinator_address, cluster.process_id,
+            "Joining %d processes at %s as process %d (a lost process ends the job after %d s).",
+            cluster.num_processes, cluster.coordinator_address, cluster.process_id, heartbeat,
         )
         jax.distributed.initialize(
             coordinator_address=cluster.coordinator_address,
             num_processes=cluster.num_processes,
             process_id=cluster.process_id,
+            heartbeat_timeout_seconds=heartbeat,
         )
         return True
     if _auto_detectable(env):
-        log.info("Joining the cluster jax.distributed detects from the environment.")
-        jax.distributed.initialize()
+        log.info("Joining the cluster jax.distributed detects from the environment (a lost "
+                 "process ends the job after %d s).", heartbeat)
+        jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat)
         return True
     return False
