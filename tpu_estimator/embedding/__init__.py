@@ -11,6 +11,7 @@ from tpu_estimator.embedding.columns import config_dicts as config_dicts
 from tpu_estimator.embedding.columns import embedding_column as embedding_column
 from tpu_estimator.embedding.columns import shared_embedding_columns as shared_embedding_columns
 from tpu_estimator.embedding.config import EmbeddingConfigSpec as EmbeddingConfigSpec
+from tpu_estimator.embedding.hashing import hash_bucket as hash_bucket
 from tpu_estimator.embedding.config import FeatureConfig as FeatureConfig
 from tpu_estimator.embedding.config import TableConfig as TableConfig
 from tpu_estimator.embedding.optimizers import AdagradParameters as AdagradParameters
@@ -30,5 +31,6 @@ __all__ = [
     "TableConfig",
     "config_dicts",
     "embedding_column",
+    "hash_bucket",
     "shared_embedding_columns",
 ]
