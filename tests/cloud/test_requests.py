@@ -18,6 +18,7 @@ JOB = os.path.join(os.path.dirname(__file__), "request_job.py")
 # (its files, commit markers and existence checks); ours are 3 (one listing of the
 # step, one read of _CHECKPOINT_METADATA, one upload of the digests).
 SAVE_BOUND = 125
+EVALUATE_BOUND = 200
 
 
 def _run(gs_dir: str, url: str) -> dict:
@@ -45,4 +46,10 @@ def test_a_save_sends_a_bounded_set_and_the_digests_in_one_upload(counted):
         # the digests: one upload, computed from one listing of the step, nothing read back
         assert save["digests"] == ["upload POST"], save
         assert save["listings"] <= 3, save  # ours (the step) and Orbax's two (its ocdbt/array metadata)
-    assert counted["latest"].endswith("/12")
+    assert counted["latest_checkpoint_result"].endswith("/12")
+
+
+def test_a_restore_reads_no_file_twice_for_its_digests(counted):
+    # verification on gs:// is one listing and two small reads, whatever the checkpoint's size
+    assert counted["get_variable_value_result"] == "12"
+    assert counted["evaluate"]["total"] <= EVALUATE_BOUND, counted["evaluate"]

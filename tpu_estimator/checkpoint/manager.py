@@ -101,6 +101,9 @@ class Checkpointer:
                 keep_time_interval=keep_time,
                 create=not read_only,
                 read_only=read_only,
+                # Reading: no step's metadata is read when the steps are listed (a request or
+                # more per step on an object store; its commit time matters only to deletions).
+                lightweight_initialize=read_only,
                 save_interval_steps=0 if read_only else 1,  # (read-only: Orbax warns unless 0)
                 enable_async_checkpointing=not read_only,
                 async_options=None if read_only else ocp.AsyncOptions(
