@@ -44,6 +44,7 @@ import json
 import logging
 import os
 import threading
+import time
 from typing import Any, Sequence
 
 from etils import epath
@@ -120,7 +121,7 @@ def write_digests(step_dir: Any, *, input_saved: bool, listing: dict[str, Entry]
 
 def _record(root: epath.Path, name: str, entry: Entry) -> dict[str, Any]:
     if name == _STEP_METADATA:
-        return {"json_sha256": _step_metadata_digest(root / name)}
+        return {"json_sha256": _settled_step_metadata_digest(root / name)}
     return {"size": entry.size, "crc32c": crc32c_of(str(root), name, entry)}
 
 
@@ -398,9 +399,29 @@ def _file_digest(path: epath.Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _step_metadata_digest(path: epath.Path) -> str:
+def _settled_step_metadata_digest(path: epath.Path, wait_secs: float = 10.0) -> str:
+    """`_step_metadata_digest` once Orbax's update of the file has landed.
+
+    Orbax's async checkpointer queues that update (the `item_handlers` of the step) on its
+    non-blocking metadata store just before it calls our post-finalization callback: the
+    file may still be being rewritten (empty) or lack the update. Read until it parses and
+    has `item_handlers` (at most `wait_secs`; then whatever parses is recorded)."""
+    deadline = time.monotonic() + wait_secs
+    while True:
+        try:
+            meta = json.loads(read_bytes(str(path.parent), path.name))
+            if (isinstance(meta, dict) and meta.get("item_handlers")) or time.monotonic() > deadline:
+                return _step_metadata_digest(path, meta)
+        except ValueError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.02)
+
+
+def _step_metadata_digest(path: epath.Path, meta: Any = None) -> str:
     """Orbax's step metadata without the commit time it adds after the digests are written."""
-    meta = json.loads(read_bytes(str(path.parent), path.name))
+    if meta is None:
+        meta = json.loads(read_bytes(str(path.parent), path.name))
     if not isinstance(meta, dict):
         raise ValueError("not a JSON object")
     meta.pop("commit_timestamp_nsecs", None)
