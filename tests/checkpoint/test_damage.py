@@ -329,3 +329,13 @@ def test_a_long_list_of_problems_is_shortened(trained):
             os.remove(step_dir / name)
     with pytest.raises(DamagedCheckpointError, match=r"missing; and \d+ more\. Delete"):
         te.load_variable(str(model_dir), "global_step")
+
+
+def test_latest_checkpoint_names_the_newest_intact_step_or_says_it_is_damaged(trained, caplog):
+    model_dir = _copy(trained, "latest")
+    damaged, intact = _damage(model_dir, "flip array data")
+    with pytest.raises(DamagedCheckpointError, match=re.escape(f"Received: {damaged} is damaged: state/")):
+        _estimator(model_dir).latest_checkpoint()
+    with caplog.at_level(logging.WARNING, logger="tpu_estimator"):
+        assert _estimator(model_dir, fall_back=True).latest_checkpoint() == str(model_dir / str(intact))
+    assert any(r.getMessage().startswith("Skipped damaged") for r in caplog.records)

@@ -3,16 +3,23 @@
 Writing: when Orbax has written a step and before it commits it (the rename
 of `<step>.orbax-checkpoint-tmp`, or `commit_success.txt` on object stores),
 `Checkpointer`'s post-finalization callback calls `commit_digests`, which
-writes `<step>/tpu_estimator_digests.json`: the size and sha256 of every file
-of the step, whether an input position was saved, and a digest of the record
+writes `<step>/tpu_estimator_digests.json`: the size and CRC-32C of every file
+of the step, whether an input position was saved, and a sha256 of the record
 itself. A committed step written by this version therefore always has it.
+The sizes and CRC-32Cs come from one listing of the step (checkpoint/listing.py):
+on an object store the CRC-32C is the one the store computed from the bytes as
+they were written, so a save reads nothing back; locally the just-written files
+are read from the page cache. (Steps of format 1 recorded sha256s; they are
+still checked.)
 Orbax rewrites two top-level files after that moment: `_CHECKPOINT_METADATA`
 (its commit time; it is recorded as the digest of its JSON without
 `commit_timestamp_nsecs`) and `commit_success.txt` (a marker, not recorded).
 
 Checking (`verify`, cached while no file of the step changes): every recorded
-file must be there with its size and sha256, else the step is damaged and
-each problem is named (missing, empty, truncated, changed). A step directory
+file must be there with its size and CRC-32C, else the step is damaged and
+each problem is named (missing, empty, truncated, changed). On an object store
+that is one listing and two small reads (the digests and `_CHECKPOINT_METADATA`),
+whatever the checkpoint's size; locally every file is read once (at several GB/s). A step directory
 without the digests file is:
 
 * damaged when it is empty or has no `state`, or when an older step of the
@@ -37,18 +44,22 @@ import json
 import logging
 import os
 import threading
+import time
 from typing import Any, Sequence
 
 from etils import epath
 
 from tpu_estimator.api.checks import message
+from tpu_estimator.checkpoint.listing import Entry, crc32c_of, list_files, read_bytes, write_bytes
+from tpu_estimator.checkpoint.numpy_read import restore_state_numpy, state_metadata
 from tpu_estimator.errors import DamagedCheckpointError
+from tpu_estimator.paths import is_local
 
 log = logging.getLogger("tpu_estimator")
 
 DIGESTS_FILE = "tpu_estimator_digests.json"
 FALL_BACK_FIELD = "fall_back_to_intact_checkpoint"  # the RunConfig field (named in messages)
-_FORMAT = 1
+_FORMAT = 2  # 1: sha256 per file (read back); 2: CRC-32C per file (from the listing)
 _STEP_METADATA = "_CHECKPOINT_METADATA"  # Orbax updates its commit time after the digests
 _COMMIT_MARKER = "commit_success.txt"  # written by Orbax's commit, after the digests
 _NOT_RECORDED = frozenset({DIGESTS_FILE, _COMMIT_MARKER})  # top-level files not digested
@@ -88,24 +99,30 @@ def commit_digests(directory: str, step: int, *, input_saved: bool) -> None:
 
     final = epath.Path(directory) / str(step)
     tmp = final.parent / (final.name + ocp.path.atomicity_types.TMP_DIR_SUFFIX)
-    write_digests(tmp if tmp.is_dir() else final, input_saved=input_saved)
+    if is_local(directory):  # renamed into place by Orbax's commit
+        write_digests(tmp if os.path.isdir(str(tmp)) else final, input_saved=input_saved)
+        return
+    listing = list_files(str(final))  # object stores: a commit_success.txt marker, no rename
+    root = final if listing else tmp
+    write_digests(root, input_saved=input_saved, listing=listing or None)
 
 
-def write_digests(step_dir: str | os.PathLike[str], *, input_saved: bool) -> None:
-    """Records the size and sha256 of every file of `step_dir` in its digests file."""
+def write_digests(step_dir: Any, *, input_saved: bool, listing: dict[str, Entry] | None = None) -> None:
+    """Records the size and CRC-32C of every file of `step_dir` (`listing`: its files, if
+    already listed) in its digests file."""
     root = epath.Path(step_dir)
-    names = [n for n in _files(root) if n not in _NOT_RECORDED]
-    files = dict(zip(names, _parallel(lambda n: _record(root / n, n), names)))
+    listing = list_files(str(root)) if listing is None else listing
+    names = [n for n in listing if n not in _NOT_RECORDED]
+    files = dict(zip(names, _parallel(lambda n: _record(root, n, listing[n]), names)))
     record: dict[str, Any] = {"format": _FORMAT, "input_saved": bool(input_saved), "files": files}
     record["record_sha256"] = _sha256_json(record)
-    (root / DIGESTS_FILE).write_text(json.dumps(record, indent=1, sort_keys=True))
+    write_bytes(str(root), DIGESTS_FILE, json.dumps(record, indent=1, sort_keys=True).encode())
 
 
-def _record(path: epath.Path, name: str) -> dict[str, Any]:
+def _record(root: epath.Path, name: str, entry: Entry) -> dict[str, Any]:
     if name == _STEP_METADATA:
-        return {"json_sha256": _step_metadata_digest(path)}
-    size, digest = _file_digest(path)
-    return {"size": size, "sha256": digest}
+        return {"json_sha256": _settled_step_metadata_digest(root / name)}
+    return {"size": entry.size, "crc32c": crc32c_of(str(root), name, entry)}
 
 
 # --- checking ------------------------------------------------------------------------
@@ -114,53 +131,62 @@ _cache: dict[str, tuple[Any, Verdict]] = {}
 _cache_lock = threading.Lock()
 
 
+def forget() -> None:
+    """Drops the cached verdicts (the next `verify` of each step checks it again)."""
+    with _cache_lock:
+        _cache.clear()
+
+
 def verify(directory: str, step: int, steps: Sequence[int]) -> Verdict:
     """The integrity of step `step` of `directory` (`steps`: all its steps, for the rule
     on steps without digests). Cached while no file of the step changes."""
     root = epath.Path(directory) / str(step)
-    older_with_digests = next(
-        (s for s in sorted(steps, reverse=True) if s < step and (epath.Path(directory) / str(s) / DIGESTS_FILE).exists()),
-        None,
-    )
-    key = (_fingerprint(root), older_with_digests)
+    listing = list_files(str(root))  # one request on an object store
+    older_with_digests = None
+    if DIGESTS_FILE not in listing:  # (only this rule needs the older steps)
+        older_with_digests = next(
+            (s for s in sorted(steps, reverse=True)
+             if s < step and (epath.Path(directory) / str(s) / DIGESTS_FILE).exists()),
+            None,
+        )
+    key = (tuple((n, e.size, e.crc32c, e.stamp) for n, e in listing.items()), older_with_digests)
     with _cache_lock:
         hit = _cache.get(str(root))
     if hit is not None and hit[0] == key:
         return hit[1]
-    verdict = _verify(root, older_with_digests)
+    verdict = _verify(root, listing, older_with_digests)
     with _cache_lock:
         _cache[str(root)] = (key, verdict)
     return verdict
 
 
-def _verify(root: epath.Path, older_with_digests: int | None) -> Verdict:
+def _verify(root: epath.Path, listing: dict[str, Entry], older_with_digests: int | None) -> Verdict:
     path = str(root)
-    digests = root / DIGESTS_FILE
-    if not digests.exists():
-        return _verify_without_digests(root, older_with_digests)
+    if DIGESTS_FILE not in listing:
+        return _verify_without_digests(root, listing, older_with_digests)
     try:
-        record = json.loads(digests.read_text())
+        record = json.loads(read_bytes(str(root), DIGESTS_FILE))
         files = record["files"]
         ok = isinstance(files, dict) and record.pop("record_sha256") == _sha256_json(record)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        why = "empty" if digests.stat().length == 0 else f"truncated or changed ({type(e).__name__})"
+        why = "empty" if listing[DIGESTS_FILE].size == 0 else f"truncated or changed ({type(e).__name__})"
         return Verdict(path, (f"{DIGESTS_FILE}: {why}",))
     if not ok:
         return Verdict(path, (f"{DIGESTS_FILE}: changed (its own digest does not match)",))
     names = sorted(files)
-    problems = [p for p in _parallel(lambda n: _check(root / n, n, files[n]), names) if p]
+    problems = [p for p in _parallel(lambda n: _check(root, n, listing.get(n), files[n]), names) if p]
     return Verdict(path, tuple(problems), input_saved=bool(record.get("input_saved")))
 
 
-def _check(path: epath.Path, name: str, want: dict[str, Any]) -> str | None:
-    if not path.exists():
+def _check(root: epath.Path, name: str, entry: Entry | None, want: dict[str, Any]) -> str | None:
+    if entry is None:
         return f"{name}: missing"
-    size = path.stat().length
+    size = entry.size
     if "json_sha256" in want:
         if size == 0:
             return f"{name}: empty"
         try:
-            digest = _step_metadata_digest(path)
+            digest = _step_metadata_digest(root / name)
         except ValueError:
             return f"{name}: changed or truncated (no longer valid JSON)"
         return None if digest == want["json_sha256"] else f"{name}: changed"
@@ -170,17 +196,20 @@ def _check(path: epath.Path, name: str, want: dict[str, Any]) -> str | None:
         if size < want["size"]:
             return f"{name}: truncated ({size} of {want['size']} bytes)"
         return f"{name}: changed ({size} bytes, {want['size']} when saved)"
-    if _file_digest(path)[1] != want["sha256"]:
+    if "crc32c" in want:
+        if crc32c_of(str(root), name, entry) != want["crc32c"]:
+            return f"{name}: changed (its CRC-32C differs from the one recorded when it was saved)"
+    elif _file_digest(root / name)[1] != want["sha256"]:  # format 1
         return f"{name}: changed (its sha256 differs from the one recorded when it was saved)"
     return None
 
 
-def _verify_without_digests(root: epath.Path, older_with_digests: int | None) -> Verdict:
+def _verify_without_digests(root: epath.Path, listing: dict[str, Entry], older_with_digests: int | None) -> Verdict:
     path = str(root)
-    names = _files(root)
+    names = list(listing)
     if not names:
         return Verdict(path, ("the step directory is empty (an interrupted copy or save?)",), False)
-    if not (root / "state").is_dir():
+    if not any(n.startswith("state/") for n in names):
         return Verdict(path, ("no `state` item (a partial copy?)",), False)
     if older_with_digests is not None:
         return Verdict(
@@ -205,12 +234,10 @@ def _verify_without_digests(root: epath.Path, older_with_digests: int | None) ->
 
 def _read_all(root: epath.Path) -> None:
     """Reads a step's state and input position in full (what a restore reads)."""
-    from tpu_estimator.checkpoint.manager import restore_state_numpy, state_metadata  # (it imports us)
-
     restore_state_numpy(str(root), state_metadata(str(root)))
     item = root / "input"
     if item.is_dir():
-        for name in _files(item):
+        for name in list_files(str(item)):
             if not name.endswith(".txt"):
                 json.loads((item / name).read_text())
 
@@ -362,38 +389,6 @@ def _describe(verdicts: Sequence[Verdict]) -> str:
 # --- files ---------------------------------------------------------------------------
 
 
-def _files(root: epath.Path) -> list[str]:
-    """Relative (slash-separated) names of the files under `root`, sorted."""
-    out: list[str] = []
-    if not root.is_dir():
-        return out
-    stack = [(root, "")]
-    while stack:
-        folder, prefix = stack.pop()
-        for child in folder.iterdir():
-            name = prefix + child.name
-            if child.is_dir():
-                stack.append((child, name + "/"))
-            else:
-                out.append(name)
-    return sorted(out)
-
-
-def _fingerprint(root: epath.Path) -> tuple[Any, ...]:
-    """Changes whenever a file of `root` is written, added or removed (locally: size, mtime,
-    ctime and inode; on object stores: size and mtime)."""
-    out = []
-    local = "://" not in str(root)
-    for name in _files(root):
-        if local:
-            st = os.stat(os.path.join(str(root), name))
-            out.append((name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
-        else:
-            stat = (root / name).stat()
-            out.append((name, stat.length, stat.mtime))
-    return tuple(out)
-
-
 def _file_digest(path: epath.Path) -> tuple[int, str]:
     digest = hashlib.sha256()
     size = 0
@@ -404,9 +399,29 @@ def _file_digest(path: epath.Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _step_metadata_digest(path: epath.Path) -> str:
+def _settled_step_metadata_digest(path: epath.Path, wait_secs: float = 10.0) -> str:
+    """`_step_metadata_digest` once Orbax's update of the file has landed.
+
+    Orbax's async checkpointer queues that update (the `item_handlers` of the step) on its
+    non-blocking metadata store just before it calls our post-finalization callback: the
+    file may still be being rewritten (empty) or lack the update. Read until it parses and
+    has `item_handlers` (at most `wait_secs`; then whatever parses is recorded)."""
+    deadline = time.monotonic() + wait_secs
+    while True:
+        try:
+            meta = json.loads(read_bytes(str(path.parent), path.name))
+            if (isinstance(meta, dict) and meta.get("item_handlers")) or time.monotonic() > deadline:
+                return _step_metadata_digest(path, meta)
+        except ValueError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.02)
+
+
+def _step_metadata_digest(path: epath.Path, meta: Any = None) -> str:
     """Orbax's step metadata without the commit time it adds after the digests are written."""
-    meta = json.loads(path.read_text())
+    if meta is None:
+        meta = json.loads(read_bytes(str(path.parent), path.name))
     if not isinstance(meta, dict):
         raise ValueError("not a JSON object")
     meta.pop("commit_timestamp_nsecs", None)

@@ -17,18 +17,17 @@ import uuid
 from typing import Any
 
 import jax
-import numpy as np
 from etils import epath
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.errors import CheckpointStorageError
 from tpu_estimator.checkpoint import integrity
+from tpu_estimator.checkpoint.numpy_read import this_process_alone
 from tpu_estimator.paths import as_uri, join
 
 # Orbax (with tensorstore: ~0.2 s and ~230 modules) is imported by the functions that
 # use it, so `import tpu_estimator` does not pay for it before a checkpoint is touched.
 
-_STATE = "state"  # the item of a checkpoint holding the TrainState (see Checkpointer.save)
 STORAGE_FIX = (
     "Pass a model_dir that is a directory (or does not exist yet) on storage this process "
     "can write to, with free space and no file in the way of its `<step>` directories."
@@ -97,11 +96,14 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                multiprocessing_options=_this_process_alone() if read_only else ocp.options.MultiprocessingOptions(),
+                multiprocessing_options=this_process_alone() if read_only else ocp.options.MultiprocessingOptions(),
                 max_to_keep=max_to_keep or None,
                 keep_time_interval=keep_time,
                 create=not read_only,
                 read_only=read_only,
+                # Reading: no step's metadata is read when the steps are listed (a request or
+                # more per step on an object store; its commit time matters only to deletions).
+                lightweight_initialize=read_only,
                 save_interval_steps=0 if read_only else 1,  # (read-only: Orbax warns unless 0)
                 enable_async_checkpointing=not read_only,
                 async_options=None if read_only else ocp.AsyncOptions(
@@ -224,46 +226,6 @@ class Checkpointer:
                 STORAGE_FIX,
             )
         )
-
-
-def state_metadata(checkpoint_path: str) -> dict[str, Any]:
-    """The state saved in checkpoint `<model_dir>/<step>` as nested dicts of Orbax
-    `ArrayMetadata` (shape, dtype); reads no array."""
-    import orbax.checkpoint as ocp
-
-    handler = ocp.StandardCheckpointHandler()
-    try:
-        tree = handler.metadata(epath.Path(checkpoint_path) / _STATE)
-    finally:
-        handler.close()
-    return dict(getattr(tree, "tree", tree))
-
-
-def _this_process_alone() -> Any:
-    """Orbax options for reading on whichever process calls (list_variables, load_variable
-    on host 0 only): no barrier with the other processes, which may never join it."""
-    import orbax.checkpoint as ocp
-
-    return ocp.options.MultiprocessingOptions(
-        primary_host=jax.process_index(), active_processes={jax.process_index()}
-    )
-
-
-def restore_state_numpy(checkpoint_path: str, subtree: Any) -> Any:
-    """The leaves of `subtree` (a part of `state_metadata(checkpoint_path)`) read as numpy arrays.
-
-    Reads nothing else (e.g. no optimizer state for the variables alone) and
-    needs no mesh: it works on any device count, whatever topology saved it.
-    """
-    import orbax.checkpoint as ocp
-
-    item = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), subtree)
-    restore_args = jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), subtree)
-    args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
-    alone = _this_process_alone()
-    handler = ocp.PyTreeCheckpointHandler(multiprocessing_options=alone)
-    with ocp.Checkpointer(handler, multiprocessing_options=alone) as checkpointer:
-        return checkpointer.restore(epath.Path(checkpoint_path) / _STATE, args=args)
 
 
 @dataclasses.dataclass(frozen=True)

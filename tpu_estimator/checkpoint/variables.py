@@ -14,7 +14,7 @@ from typing import Any, Iterable
 import jax
 import numpy as np
 
-from tpu_estimator.checkpoint.manager import restore_state_numpy, state_metadata
+from tpu_estimator.checkpoint.numpy_read import restore_state_numpy, state_metadata
 from tpu_estimator.embedding.layout import saved_layouts
 from tpu_estimator.model.state import EMBEDDING
 

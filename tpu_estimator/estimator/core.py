@@ -107,16 +107,26 @@ class Core:
 
     @property
     def global_step(self) -> int:
-        """The global step of the state in memory, else of the newest checkpoint, else 0."""
+        """The global step of the state in memory, else of the newest intact checkpoint, else 0.
+
+        Raises:
+          DamagedCheckpointError: as `latest_checkpoint()`.
+        """
         state = self._last_state
         if state is not None and not any(x.is_deleted() for x in jax.tree.leaves(state.step)):
             return int(jax.device_get(state.step))
-        return self.checkpointer.latest_step() or 0
+        ref = self.find_checkpoint(None)
+        return 0 if ref is None else ref.step
 
     def latest_checkpoint(self) -> str | None:
-        """Path of the newest checkpoint in `model_dir` (`<model_dir>/<step>`), or None."""
-        step = self.checkpointer.latest_step()
-        return None if step is None else self.checkpointer.path(step)
+        """Path of the newest intact checkpoint in `model_dir` (`<model_dir>/<step>`), or None.
+
+        Raises:
+          DamagedCheckpointError: the newest is damaged (with
+            `RunConfig.fall_back_to_intact_checkpoint`: only when none is intact).
+        """
+        ref = self.find_checkpoint(None)
+        return None if ref is None else ref.path
 
     # --- parts -------------------------------------------------------------------
 

@@ -14,7 +14,8 @@ import numpy as np
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
-from tpu_estimator.checkpoint.manager import CheckpointRef, state_metadata
+from tpu_estimator.checkpoint.manager import CheckpointRef
+from tpu_estimator.checkpoint.numpy_read import state_metadata
 from tpu_estimator.checkpoint.variables import embedding_layout, flatten, variable_name
 from tpu_estimator.checkpoint.warm_start import apply_warm_start
 from tpu_estimator.embedding.replica import state_specs as embedding_specs

@@ -195,7 +195,13 @@ class TPUEstimator:
         return evaluation.eval_dir(self.model_dir, name)
 
     def latest_checkpoint(self) -> str | None:
-        """Path of the newest checkpoint in `model_dir` (`<model_dir>/<step>`), or None."""
+        """Path of the newest intact checkpoint in `model_dir` (`<model_dir>/<step>`), or None.
+
+        Raises:
+          DamagedCheckpointError: the newest checkpoint is damaged (with
+            `RunConfig(fall_back_to_intact_checkpoint=True)`: only when none is intact; the
+            newest intact one is named, with a warning).
+        """
         return self._core.latest_checkpoint()
 
     def get_variable_names(self) -> list[str]:

@@ -29,6 +29,8 @@ import jax
 import numpy as np
 from etils import epath
 
+from tpu_estimator.api.checks import message
+from tpu_estimator.errors import CheckpointStorageError
 from tpu_estimator.paths import as_uri, is_local
 
 UPLOAD_SECS = 30.0  # an object-store logdir gets the events at least this often
@@ -82,7 +84,11 @@ class FileWriter:
 
     def flush(self) -> None:
         """Blocks until everything queued so far is in the event file (which it closes; the
-        next write starts a new one, which TensorBoard reads as the same run)."""
+        next write starts a new one, which TensorBoard reads as the same run).
+
+        Raises:
+          CheckpointStorageError: naming the logdir, when a write since the last flush failed.
+        """
         if self._thread is None:
             return
         done = threading.Event()
@@ -92,7 +98,15 @@ class FileWriter:
                 break
         if self._error is not None:
             error, self._error = self._error, None
-            raise RuntimeError(f"Writing summaries to {self.logdir} failed: {error!r}")
+            raise CheckpointStorageError(
+                message(
+                    "Summaries are written in model_dir (or the logdir given), which must stay "
+                    "writable.",
+                    f"writing summaries to logdir={self.logdir!r} failed ({type(error).__name__}: {error})",
+                    "Check that the storage is reachable and writable (the object store's "
+                    "clients retry transient errors first: gcsfs 6 tries over ~31 s).",
+                )
+            ) from error
 
     def _put(self, op: Callable[[Any], Any] | threading.Event) -> None:
         if not self.enabled:

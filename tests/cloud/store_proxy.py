@@ -1,0 +1,145 @@
+"""A counting HTTP proxy on loopback between the GCS clients and the emulator.
+
+`StoreProxy(upstream)` forwards every request to `upstream` (fake-gcs-server) and
+counts it by kind (`list`, `get` (object metadata), `download`, `upload`,
+`delete`, `copy`, `bucket`, `other`); `fail_every=n` answers every n-th request
+with a 503 instead of forwarding it (the clients' retries must get through).
+Point the clients at `proxy.url` (STORAGE_EMULATOR_HOST, TENSORSTORE_GCS_HTTP_URL)
+before they start: a subprocess's environment is the simple way.
+"""
+
+from __future__ import annotations
+
+import collections
+import http.client
+import http.server
+import re
+import threading
+import urllib.parse
+
+_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
+
+
+def kind(method: str, target: str) -> str:
+    """The kind of a GCS JSON API request (`GET /storage/v1/b/B/o?prefix=...` -> 'list')."""
+    parts = urllib.parse.urlsplit(target)
+    path, query = parts.path, urllib.parse.parse_qs(parts.query)
+    if path.startswith("/upload/"):
+        return "upload"
+    if path.startswith("/download/") or query.get("alt") == ["media"]:
+        return "download"
+    if method == "DELETE":
+        return "delete"
+    if "/copyTo/" in path or "/rewriteTo/" in path or path.endswith("/compose"):
+        return "copy"
+    if path.rstrip("/").endswith("/o"):
+        return "list" if method == "GET" else "upload"
+    if "/o/" in path:
+        return "get" if method == "GET" else "other"
+    if "/b" in path:
+        return "bucket"
+    # XML API (TensorStore may use it): /BUCKET/OBJECT
+    if method == "PUT":
+        return "upload"
+    return "download" if method == "GET" else "other"
+
+
+class StoreProxy:
+    """Forwards to `upstream`, counting requests by kind; `fail_every` injects 503s."""
+
+    def __init__(self, upstream: str, *, fail_every: int = 0) -> None:
+        self.upstream = urllib.parse.urlsplit(upstream)
+        self.fail_every = fail_every
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.failed = 0
+        self.log: list[tuple[str, str, str]] = []  # (kind, method, path?query) of each forwarded request
+        self._n = 0
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    out = bytearray()
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0], 16)
+                        if size == 0:
+                            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                                pass
+                            return bytes(out)
+                        out += self.rfile.read(size)
+                        self.rfile.readline()
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _forward(self) -> None:
+                body = self._body()
+                with proxy._lock:
+                    proxy._n += 1
+                    fail = proxy.fail_every and proxy._n % proxy.fail_every == 0
+                    if fail:
+                        proxy.failed += 1
+                    else:
+                        k = kind(self.command, self.path)
+                        proxy.counts[k] += 1
+                        path = self.path
+                        if "uploadType=multipart" in path:  # the object's name is in the body
+                            named = re.search(rb'"name":\s*"([^"]+)"', body)
+                            path += f"&name={named.group(1).decode()}" if named else ""
+                        proxy.log.append((k, self.command, path))
+                if fail:
+                    payload = b'{"error": {"code": 503, "message": "injected by StoreProxy"}}'
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+                headers["Host"] = proxy.upstream.netloc
+                if body or self.command in ("POST", "PUT", "PATCH"):
+                    headers["Content-Length"] = str(len(body))
+                conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=120)
+                try:
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    response = conn.getresponse()
+                    data = response.read()
+                finally:
+                    conn.close()
+                self.send_response(response.status, response.reason)
+                for k, v in response.getheaders():
+                    if k.lower() in _HOP or k.lower() == "content-length":
+                        continue
+                    if k.lower() == "location":
+                        v = v.replace(f"{proxy.upstream.scheme}://{proxy.upstream.netloc}", proxy.url)
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            def handle_one_request(self) -> None:
+                try:
+                    super().handle_one_request()
+                except ConnectionError:  # the client went away (e.g. it timed out)
+                    self.close_connection = True
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _forward
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="store-proxy", daemon=True)
+        self._thread.start()
+
+    def snapshot(self) -> collections.Counter[str]:
+        with self._lock:
+            return collections.Counter(self.counts)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
