@@ -30,7 +30,7 @@ from tpu_estimator.loops.replica import (
 from tpu_estimator.model.module import BoundModel
 from tpu_estimator.model.spec_view import SpecView
 from tpu_estimator.model.state import TrainState
-from tpu_estimator.parallel.collectives import gather_shards, mean_scatter, replica_mean
+from tpu_estimator.parallel.collectives import gather_shards, replica_mean, shard_mean
 from tpu_estimator.parallel.mesh import Topology
 from tpu_estimator.summary.collect import collecting
 from tpu_estimator.summary.collect import replicate as replicate_summaries
@@ -50,8 +50,9 @@ def train_step(
     activations in place of the ids; the loss is differentiated with respect
     to them too, and the tables' optimizer updates the rows looked up.
     `shards` (the parameters' specs, "fsdp"): `state.params` and the optimizer state
-    are this replica's shards; the step gathers the whole parameters, reduce-scatters
-    the gradients and updates the shards.
+    are this replica's shards; model_fn sees the whole parameters (all-gathered in
+    the loss, so the gradients come back reduce-scattered to the shards: the
+    gather's transpose) and the optimizer updates the shards.
     """
     features, labels = batch
     rng = replica_key(state.rng, state.step)
@@ -69,16 +70,16 @@ def train_step(
         inputs = {**features, **acts} if acts else features
         with collecting() as summaries:
             spec, mutated = model.apply(
-                {"params": params, **state.collections}, inputs, labels, rng=rng, mutable=mutable
+                {"params": gather_shards(params, shards), **state.collections}, inputs, labels, rng=rng, mutable=mutable
             )
         found["spec"] = sv = view(spec)
         return sv.loss, (mutated, sv.host_call_tensors, summaries)
 
     (loss, (mutated, host_tensors, summaries)), (grads, act_grads) = jax.value_and_grad(
         loss_fn, argnums=(0, 1), has_aux=True
-    )(gather_shards(state.params, shards), acts)
+    )(state.params, acts)
     tx = found["spec"].train_op
-    grads = mean_scatter(grads, shards)
+    grads = shard_mean(grads, shards)
     if shards is not None:
         check_elementwise(tx, grads, state.opt_state, state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)

@@ -78,16 +78,12 @@ def gather_shards(tree: Any, specs: Any) -> Any:
     return _each(lambda x, a: x if a is None else lax.all_gather(x, DATA, axis=a, tiled=True), tree, specs)
 
 
-def mean_scatter(tree: Any, specs: Any) -> Any:
-    """The replicas' mean of whole leaves, each split over "data" as `specs` say (a
-    reduce-scatter: each replica receives its shard of the mean); leaves not split: `replica_mean`."""
+def shard_mean(grads: Any, specs: Any) -> Any:
+    """The replicas' mean of gradients with respect to this replica's shards, as
+    differentiating through `gather_shards` gives them: a leaf split over "data" already
+    holds the sum over replicas (the gather's transpose is a reduce-scatter) and is divided
+    by their number; the others are averaged (`replica_mean`)."""
     if specs is None or _single():
-        return replica_mean(tree)
+        return replica_mean(grads)
     n = lax.psum(1, DATA)
-
-    def one(x: jax.Array, axis: int | None) -> jax.Array:
-        if axis is None:
-            return lax.pmean(x, DATA)
-        return lax.psum_scatter(x, DATA, scatter_dimension=axis, tiled=True) / n
-
-    return _each(one, tree, specs)
+    return _each(lambda g, a: lax.pmean(g, DATA) if a is None else g / n, grads, specs)
