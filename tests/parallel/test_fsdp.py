@@ -6,6 +6,7 @@ weights; composes with num_cores_per_replica."""
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 
 import flax.linen as nn
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import tpu_estimator as te
 from tpu_estimator.parallel import partitioning
@@ -57,6 +58,9 @@ class Probe(te.SessionRunHook):
     def after_run(self, run_context, run_values):
         self.losses.append(float(run_values.results["loss"]))
         self.state = run_values.results["state"]
+
+    def end(self, session):
+        self.program = session.runtime(te.ModeKeys.TRAIN).program("scan")
 
 
 def train(model_dir, sharding, *, steps=4, use_tpu=True, cores=None, params=None):
@@ -118,6 +122,41 @@ def test_each_device_holds_an_eighth_of_the_large_leaves(runs):
     assert found == 4 * len(BIG)
     for name, x in leaves(runs["replicated"][2].state):
         assert x.addressable_shards[0].data.nbytes == x.nbytes, name
+
+
+def loop_body_collectives(hlo):
+    """(collectives in computations a while loop's body reaches, those elsewhere) of HLO text."""
+    blocks, name = {}, None
+    for line in hlo.splitlines():
+        head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
+        if head:
+            name = head.group(1)
+            blocks[name] = ""
+        elif name is not None:
+            blocks[name] += line + "\n"
+    todo, body = re.findall(r"body=%?([\w.\-]+)", hlo), set()
+    while todo:
+        n = todo.pop()
+        if n in blocks and n not in body:
+            body.add(n)
+            todo += re.findall(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)", blocks[n])
+    ops = r"\b(all-gather|reduce-scatter|all-reduce)(?:-start)?\("
+    inside = {op for n in body for op in re.findall(ops, blocks[n])}
+    outside = {op for n in blocks if n not in body for op in re.findall(ops, blocks[n])}
+    return inside, outside
+
+
+def test_parameters_are_gathered_in_every_step_of_the_scan(runs):
+    probe = runs["fsdp"][2]
+    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), probe.state)
+    on_data = NamedSharding(probe.state.step.sharding.mesh, P(None, "data"))
+    blocks = (
+        jax.ShapeDtypeStruct((2, 32, X.shape[1]), np.float32, sharding=on_data),
+        jax.ShapeDtypeStruct((2, 32), np.int32, sharding=on_data),
+    )
+    inside, outside = loop_body_collectives(probe.program.lower(state, blocks).compile().as_text())
+    assert {"all-gather", "reduce-scatter"} <= inside  # per step, in the loop's body
+    assert "all-gather" not in outside  # not once for the whole program
 
 
 def test_checkpoints_move_to_replicated_and_to_one_device(runs, tmp_path):

@@ -105,7 +105,10 @@ def over_data(spec: P, shape: tuple[int, ...], topology: Topology) -> P | None:
         return spec
     entries = list(spec) + [None] * (len(shape) - len(spec))
     free = [i for i, e in enumerate(entries) if e is None]
-    largest = lambda dims: max(dims, key=lambda i: (shape[i], i))  # noqa: E731
+
+    def largest(dims: list[int]) -> int:
+        return max(dims, key=lambda i: (shape[i], i))
+
     if len(free) == len(shape):  # not split over "model": the whole mesh if it can
         whole = [i for i in free if shape[i] % n == 0]
         if whole and n > n_data:
