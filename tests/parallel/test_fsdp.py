@@ -63,12 +63,12 @@ class Probe(te.SessionRunHook):
         self.program = session.runtime(te.ModeKeys.TRAIN).program("scan")
 
 
-def train(model_dir, sharding, *, steps=4, use_tpu=True, cores=None, params=None):
+def train(model_dir, sharding, *, steps=4, use_tpu=True, cores=None, params=None, strategy="scan"):
     cfg = te.RunConfig(
         model_dir=str(model_dir), log_step_count_steps=None,
         tpu_config=te.TPUConfig(
             iterations_per_loop=2, num_cores_per_replica=cores, moving_average_decay=0.9,
-            parameter_sharding=sharding,
+            parameter_sharding=sharding, loop_strategy=strategy,
         ),
     )
     est = te.TPUEstimator(
@@ -146,17 +146,22 @@ def loop_body_collectives(hlo):
     return inside, outside
 
 
-def test_parameters_are_gathered_in_every_step_of_the_scan(runs):
-    probe = runs["fsdp"][2]
+def compiled_collectives(probe):
     state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), probe.state)
     on_data = NamedSharding(probe.state.step.sharding.mesh, P(None, "data"))
     blocks = (
         jax.ShapeDtypeStruct((2, 32, X.shape[1]), np.float32, sharding=on_data),
         jax.ShapeDtypeStruct((2, 32), np.int32, sharding=on_data),
     )
-    inside, outside = loop_body_collectives(probe.program.lower(state, blocks).compile().as_text())
+    return loop_body_collectives(probe.program.lower(state, blocks).compile().as_text())
+
+
+def test_parameters_are_gathered_in_every_step_of_the_scan(runs):
+    inside, outside = compiled_collectives(runs["fsdp"][2])
     assert {"all-gather", "reduce-scatter"} <= inside  # per step, in the loop's body
     assert "all-gather" not in outside  # not once for the whole program
+    inside, outside = compiled_collectives(runs["replicated"][2])
+    assert inside == {"all-reduce"} and "all-gather" not in outside
 
 
 def test_checkpoints_move_to_replicated_and_to_one_device(runs, tmp_path):
@@ -196,8 +201,8 @@ def test_export_holds_whole_weights(runs, tmp_path):
         assert te.load_variable(export, n).shape == est.get_variable_value("moving_average/" + n).shape
 
 
-def test_composes_with_num_cores_per_replica(runs, tmp_path):
-    est, probe = train(tmp_path, "fsdp", cores=2)
+def test_composes_with_num_cores_per_replica_in_the_step_program(runs, tmp_path):
+    est, probe = train(tmp_path, "fsdp", cores=2, strategy="step")
     assert est.num_replicas == 4
     np.testing.assert_allclose(probe.losses, runs["replicated"][2].losses, rtol=1e-5, atol=1e-6)
     for name, x in leaves(probe.state):
