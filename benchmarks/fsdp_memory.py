@@ -71,11 +71,13 @@ def collective_bytes(hlo: str) -> dict[str, dict[str, int]]:
             computations[current] = []
         elif current is not None:
             computations[current].append(line)
-    calls = {
-        name: set(re.findall(r"(?:calls|body|condition|to_apply|branch_computations)=\{?%?([\w.\-]+)", "\n".join(lines)))
-        | set(re.findall(r"branch_computations=\{([^}]*)\}", "\n".join(lines)))
-        for name, lines in computations.items()
-    }
+    calls = {}
+    for name, lines in computations.items():
+        text = "\n".join(lines)
+        called = set(re.findall(r"(?:calls|body|condition|to_apply)=%?([\w.\-]+)", text))
+        for group in re.findall(r"branch_computations=\{([^}]*)\}", text):
+            called |= {c.strip().lstrip("%") for c in group.split(",")}
+        calls[name] = called
     bodies = {b for lines in computations.values() for line in lines for b in re.findall(r"body=%?([\w.\-]+)", line)}
     in_loop, todo = set(), list(bodies)
     while todo:

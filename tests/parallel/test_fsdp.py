@@ -81,7 +81,8 @@ def train(model_dir, sharding, *, steps=4, use_tpu=True, cores=None, params=None
 
 
 def names(est):
-    return [n for n, _ in te.list_variables(est.model_dir) if n.split("/")[0] in ("Dense_0", "Dense_1", "Dense_2", "moving_average")]
+    layers = ("Dense_0", "Dense_1", "Dense_2", "moving_average")
+    return [n for n, _ in te.list_variables(est.model_dir) if n.split("/")[0] in layers]
 
 
 @pytest.fixture(scope="module")

@@ -69,9 +69,8 @@ def train_step(
     def loss_fn(params: Any, acts: dict[str, Any]) -> tuple[jax.Array, tuple[Any, Any]]:
         inputs = {**features, **acts} if acts else features
         with collecting() as summaries:
-            spec, mutated = model.apply(
-                {"params": gather_shards(params, shards), **state.collections}, inputs, labels, rng=rng, mutable=mutable
-            )
+            variables = {"params": gather_shards(params, shards), **state.collections}
+            spec, mutated = model.apply(variables, inputs, labels, rng=rng, mutable=mutable)
         found["spec"] = sv = view(spec)
         return sv.loss, (mutated, sv.host_call_tensors, summaries)
 
