@@ -148,6 +148,18 @@ class TPUConfig:
         initial (or warm-started) parameters. Training uses the raw parameters;
         evaluate(), predict() and export_saved_model() use the averages. They
         are checkpointed, and read as `moving_average/<variable name>`.
+      parameter_sharding: (Not in the original.) "replicated" (default): every
+        data-parallel replica holds the whole parameters and optimizer state.
+        "fsdp" (ZeRO-3): every parameter and optimizer slot of at least 4,096
+        elements is split on a dimension that the device count divides, so
+        each device holds ~1/N of it (over the "data" and "model" axes
+        together); each training step gathers the parameters where it uses
+        them and reduce-scatters the gradients, and the optimizer updates the
+        shards. Results equal the replicated run's (within float rounding);
+        checkpoints restore between the two settings and device counts.
+        A no-op on one device. The optimizer must be elementwise (Adam, SGD,
+        ...): transformations that reduce over a parameter (global-norm
+        clipping, LAMB, Adafactor) are refused.
 
     Raises:
       ValueError, TypeError: on an invalid value, with the fix in the message.
@@ -170,6 +182,7 @@ class TPUConfig:
     partition_rules: Sequence[tuple[str, Any]] | None = None
     logical_axis_rules: Sequence[tuple[str, str | None]] | None = None
     moving_average_decay: float | None = None
+    parameter_sharding: Literal["replicated", "fsdp"] = "replicated"
 
     def __post_init__(self) -> None:
         parse_iterations_per_loop(self.iterations_per_loop)
@@ -218,6 +231,7 @@ class TPUConfig:
             self.experimental_host_call_every_n_steps, "experimental_host_call_every_n_steps"
         )
         self._check_moving_average_decay()
+        self._check_parameter_sharding()
         if not isinstance(self.loop_strategy, str) or self.loop_strategy not in (
             "auto",
             "scan",
@@ -245,6 +259,20 @@ class TPUConfig:
                     "`moving_average_decay` must be in [0, 1].",
                     f"moving_average_decay={decay!r}",
                     "Use e.g. moving_average_decay=0.9999 (TF TPU models' usual value), or None.",
+                )
+            )
+
+    def _check_parameter_sharding(self) -> None:
+        if not isinstance(self.parameter_sharding, str) or self.parameter_sharding not in (
+            "replicated",
+            "fsdp",
+        ):
+            raise ValueError(
+                message(
+                    "`parameter_sharding` must be 'replicated' or 'fsdp'.",
+                    f"parameter_sharding={self.parameter_sharding!r}",
+                    "Use parameter_sharding='fsdp' to shard parameters and optimizer state over "
+                    "the devices, or leave the default 'replicated'.",
                 )
             )
 

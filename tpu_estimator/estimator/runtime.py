@@ -132,6 +132,7 @@ class Runtime:
         specs = partitioning.state_specs(
             abstract, self.core.topology, rules=getattr(tpu, "partition_rules", None),
             metadata=metadata, logical_rules=getattr(tpu, "logical_axis_rules", None),
+            fsdp=getattr(tpu, "parameter_sharding", "replicated") == "fsdp",
         )
         if abstract.embedding is not None:  # rows over the replicas (embedding/replica.py)
             specs = specs.replace(embedding=embedding_specs(abstract.embedding))

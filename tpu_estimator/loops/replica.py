@@ -4,6 +4,12 @@ Programs are manual over "data" only (`jax.shard_map(axis_names={"data"})`):
 model_fn sees one replica's batch and whole (logically global) parameters,
 while XLA shards the work of a replica over "model" as the parameters'
 shardings and the input constraints say.
+
+With `parameter_sharding="fsdp"` the state's large leaves are split over
+"data" too: they enter the per-replica program as this replica's shards
+(`Placement.replica_specs`), the training step gathers the parameters where it
+uses them and reduce-scatters their gradients (`Placement.param_shards`,
+parallel/collectives.py), and the optimizer updates the shards.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ import jax
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from tpu_estimator.api.checks import message
 from tpu_estimator.embedding.replica import state_specs as embedding_specs
 from tpu_estimator.embedding.sharded import EmbeddingState
-from tpu_estimator.parallel.collectives import replica_gather, replica_index, single_replica
+from tpu_estimator.parallel.collectives import data_axis, replica_gather, replica_index, single_replica
 from tpu_estimator.parallel.mesh import DATA, Topology
 
 
@@ -80,6 +87,23 @@ class Placement:
 
         return tuple(apply(x, spec) for x, spec in zip(batch, self.inputs))
 
+    @property
+    def param_shards(self) -> Any:
+        """The parameters' specs when some are split over "data" ("fsdp"), else None."""
+        if self.state is None:
+            return None
+        specs = self.state.params
+        if all(data_axis(s) is None for s in jax.tree.leaves(specs, is_leaf=_is_spec)):
+            return None
+        return specs
+
+    def replica_specs(self, state: Any) -> Any:
+        """The `shard_map` specs of a TrainState argument: its "data" entries (embedding rows,
+        "fsdp" parameters and optimizer slots); whole on every replica otherwise."""
+        if self.param_shards is None:
+            return specs_of(state)
+        return jax.tree.map(_data_only, self.state, is_leaf=_is_spec)
+
     def state_shardings(self, topology: Topology) -> Any:
         if self.state is None:
             return topology.replicated()
@@ -117,6 +141,63 @@ def over_replicas(
         )(*args)
 
     return per_replica
+
+
+# Primitives that combine the elements of an array: on a shard they see only part of it.
+_REDUCTIONS = frozenset(
+    "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or argmax argmin cumsum "
+    "cumprod cummax cummin cumlogsumexp sort dot_general".split()
+)
+
+
+def check_elementwise(tx: Any, grads: Any, opt_state: Any, params: Any) -> None:
+    """Refuses an optimizer whose update reduces over a parameter (global-norm clipping, LAMB,
+    Adafactor): with "fsdp" it updates this replica's shards, and would see only part of it.
+
+    Raises:
+      ValueError: naming `parameter_sharding` and the reduction found.
+    """
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (grads, opt_state, params))
+    found = sorted(_reductions(jax.make_jaxpr(tx.update)(*shapes)))
+    if found:
+        raise ValueError(
+            message(
+                "TPUConfig(parameter_sharding='fsdp') needs an elementwise optimizer (train_op): "
+                "each device updates its shard of a parameter, so an update that reduces over a "
+                "parameter (a norm, a mean over rows) would see only that shard.",
+                f"parameter_sharding='fsdp' with a train_op whose update uses {found}",
+                "Use parameter_sharding='replicated' with this optimizer, or an elementwise one "
+                "(optax.adam, adamw, sgd, rmsprop, ...).",
+            )
+        )
+
+
+def _reductions(jaxpr: Any) -> set[str]:
+    """The reducing primitives of `jaxpr` (nested ones included) applied to arrays, not scalars."""
+    found: set[str] = set()
+    todo = [jaxpr]
+    while todo:
+        j = todo.pop()
+        j = getattr(j, "jaxpr", j)  # ClosedJaxpr -> Jaxpr
+        for eqn in getattr(j, "eqns", ()):
+            if eqn.primitive.name in _REDUCTIONS and any(
+                getattr(getattr(v, "aval", None), "ndim", 0) > 0 for v in eqn.invars
+            ):
+                found.add(eqn.primitive.name)
+            for value in eqn.params.values():
+                items = value if isinstance(value, (tuple, list)) else (value,)
+                todo.extend(v for v in items if hasattr(v, "eqns") or hasattr(getattr(v, "jaxpr", None), "eqns"))
+    return found
+
+
+def _is_spec(x: Any) -> bool:
+    return isinstance(x, P)
+
+
+def _data_only(spec: P) -> P:
+    """A spec with only its "data" entries (the manual axis of the per-replica programs)."""
+    axis = data_axis(spec)
+    return P(*[DATA if i == axis else None for i in range(len(spec))])
 
 
 def _tables(x: Any) -> bool:

@@ -23,14 +23,14 @@ from tpu_estimator.model import components
 from tpu_estimator.loops.replica import (
     REPLICATED,
     Placement,
+    check_elementwise,
     over_replicas,
     replica_key,
-    specs_of,
 )
 from tpu_estimator.model.module import BoundModel
 from tpu_estimator.model.spec_view import SpecView
 from tpu_estimator.model.state import TrainState
-from tpu_estimator.parallel.collectives import replica_mean
+from tpu_estimator.parallel.collectives import gather_shards, replica_mean, shard_mean
 from tpu_estimator.parallel.mesh import Topology
 from tpu_estimator.summary.collect import collecting
 from tpu_estimator.summary.collect import replicate as replicate_summaries
@@ -39,7 +39,7 @@ ViewFn = Callable[[Any], SpecView]
 
 
 def train_step(
-    model: BoundModel, view: ViewFn, state: TrainState, batch: tuple[Any, Any]
+    model: BoundModel, view: ViewFn, state: TrainState, batch: tuple[Any, Any], shards: Any = None
 ) -> tuple[TrainState, dict[str, Any]]:
     """One step on one replica: loss, gradients averaged over "data", update.
 
@@ -49,6 +49,10 @@ def train_step(
     With embedding tables (`state.embedding`), model_fn sees the looked-up
     activations in place of the ids; the loss is differentiated with respect
     to them too, and the tables' optimizer updates the rows looked up.
+    `shards` (the parameters' specs, "fsdp"): `state.params` and the optimizer state
+    are this replica's shards; model_fn sees the whole parameters (all-gathered in
+    the loss, so the gradients come back reduce-scattered to the shards: the
+    gather's transpose) and the optimizer updates the shards.
     """
     features, labels = batch
     rng = replica_key(state.rng, state.step)
@@ -65,9 +69,8 @@ def train_step(
     def loss_fn(params: Any, acts: dict[str, Any]) -> tuple[jax.Array, tuple[Any, Any]]:
         inputs = {**features, **acts} if acts else features
         with collecting() as summaries:
-            spec, mutated = model.apply(
-                {"params": params, **state.collections}, inputs, labels, rng=rng, mutable=mutable
-            )
+            variables = {"params": gather_shards(params, shards), **state.collections}
+            spec, mutated = model.apply(variables, inputs, labels, rng=rng, mutable=mutable)
         found["spec"] = sv = view(spec)
         return sv.loss, (mutated, sv.host_call_tensors, summaries)
 
@@ -75,7 +78,9 @@ def train_step(
         loss_fn, argnums=(0, 1), has_aux=True
     )(state.params, acts)
     tx = found["spec"].train_op
-    grads = replica_mean(grads)
+    grads = shard_mean(grads, shards)
+    if shards is not None:
+        check_elementwise(tx, grads, state.opt_state, state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new_state = state.replace(
         params=optax.apply_updates(state.params, updates),
@@ -101,15 +106,16 @@ def scan_program(
 
     def train_scan(state: TrainState, blocks: Any) -> tuple[TrainState, dict[str, Any]]:
         blocks = placement.constrain(blocks, leading=1)
-        state, outs = lax.scan(lambda s, b: train_step(model, view, s, b), state, blocks)
+        shards = placement.param_shards
+        state, outs = lax.scan(lambda s, b: train_step(model, view, s, b, shards), state, blocks)
         return state, {**outs, "host_call": placement.collect(outs["host_call"], leading=1)}
 
     sharded = over_replicas(
         train_scan,
         topology,
-        in_specs=lambda state, _: (specs_of(state), placement.in_spec(1)),
+        in_specs=lambda state, _: (placement.replica_specs(state), placement.in_spec(1)),
         out_specs=lambda state, _: (
-            specs_of(state),
+            placement.replica_specs(state),
             {"loss": REPLICATED, "host_call": placement.out_spec(1), "summaries": REPLICATED},
         ),
     )
@@ -129,15 +135,15 @@ def step_program(
     """
 
     def train_one_step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, Any]]:
-        new, outs = train_step(model, view, state, placement.constrain(batch))
+        new, outs = train_step(model, view, state, placement.constrain(batch), placement.param_shards)
         return new.replace(step=state.step), {**outs, "host_call": placement.collect(outs["host_call"])}
 
     sharded = over_replicas(
         train_one_step,
         topology,
-        in_specs=lambda state, _: (specs_of(state), placement.in_spec()),
+        in_specs=lambda state, _: (placement.replica_specs(state), placement.in_spec()),
         out_specs=lambda state, _: (
-            specs_of(state),
+            placement.replica_specs(state),
             {"loss": REPLICATED, "host_call": placement.out_spec(), "summaries": REPLICATED},
         ),
     )

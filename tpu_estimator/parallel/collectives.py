@@ -14,6 +14,7 @@ from typing import Iterator
 
 import jax
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
 from tpu_estimator.api.contracts import PyTree
 from tpu_estimator.parallel.mesh import DATA
@@ -49,3 +50,41 @@ def replica_gather(x: jax.Array, axis: int = 0) -> jax.Array:
 def replica_index() -> int | jax.Array:
     """This replica's index along "data"."""
     return 0 if _single() else lax.axis_index(DATA)
+
+
+# --- parameters sharded over the replicas (TPUConfig.parameter_sharding="fsdp") ----------
+
+
+def data_axis(spec: Any) -> int | None:
+    """The dimension a per-replica spec splits over "data" (None: whole on every replica)."""
+    for i, entry in enumerate(spec):
+        if entry == DATA or (isinstance(entry, tuple) and DATA in entry):
+            return i
+    return None
+
+
+def _each(fn: Any, tree: Any, specs: Any) -> Any:
+    def one(spec: Any, x: Any) -> Any:
+        axis = data_axis(spec)
+        return fn(x, axis)
+
+    return jax.tree.map(one, specs, tree, is_leaf=lambda s: isinstance(s, P))
+
+
+def gather_shards(tree: Any, specs: Any) -> Any:
+    """Whole leaves from this replica's shards: each leaf split over "data" (`specs`, per
+    leaf) all-gathered on its dimension; the others as they are. Identity without `specs`."""
+    if specs is None or _single():
+        return tree
+    return _each(lambda x, a: x if a is None else lax.all_gather(x, DATA, axis=a, tiled=True), tree, specs)
+
+
+def shard_mean(grads: Any, specs: Any) -> Any:
+    """The replicas' mean of gradients with respect to this replica's shards, as
+    differentiating through `gather_shards` gives them: a leaf split over "data" already
+    holds the sum over replicas (the gather's transpose is a reduce-scatter) and is divided
+    by their number; the others are averaged (`replica_mean`)."""
+    if specs is None or _single():
+        return replica_mean(grads)
+    n = lax.psum(1, DATA)
+    return _each(lambda g, a: lax.pmean(g, DATA) if a is None else g / n, grads, specs)

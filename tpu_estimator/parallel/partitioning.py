@@ -7,10 +7,16 @@ PartitionSpec), the layer's own metadata (`nn.with_partitioning`, or
 and a default: a matrix of at least `DEFAULT_MIN_SIZE` elements is split on
 its largest dimension that the model axis divides. Optimizer state follows
 the parameter it mirrors; everything else is replicated.
+
+With `TPUConfig.parameter_sharding="fsdp"` (`over_data`), every parameter of
+at least `DEFAULT_MIN_SIZE` elements is also split over "data", so that each
+device holds ~1/N of it over all N devices (ZeRO-3); the training step gathers
+it where it is used (loops/replica.py, parallel/collectives.py).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any, Sequence
 
@@ -20,6 +26,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.parallel.mesh import DATA, MODEL, Topology
+
+log = logging.getLogger("tpu_estimator")
 
 # Parameters smaller than this stay replicated by default (sharding them costs more than it saves).
 DEFAULT_MIN_SIZE = 4096
@@ -79,6 +87,71 @@ def _default(shape: tuple[int, ...], topology: Topology) -> P:
     return P(*[topology.model_axis if i == best else None for i in range(len(shape))])
 
 
+def _axes(entry: Any) -> tuple[str, ...]:
+    return () if entry is None else tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def over_data(spec: P, shape: tuple[int, ...], topology: Topology) -> P | None:
+    """`spec` with the "data" axis added ("fsdp"), so the leaf is split ~1/N over all N
+    devices; `spec` itself when the leaf is small or there is one device; None when no
+    dimension is divisible (the leaf stays replicated over "data").
+
+    A leaf not split over "model" takes the whole mesh on one dimension
+    (("data", "model") when the device count divides it, else "data"); one split over
+    "model" takes "data" on another dimension, or on the same one ("data" major).
+    """
+    n_data, n = topology.num_replicas, topology.num_devices
+    if n == 1 or int(np.prod(shape)) < DEFAULT_MIN_SIZE:
+        return spec
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    free = [i for i, e in enumerate(entries) if e is None]
+
+    def largest(dims: list[int]) -> int:
+        return max(dims, key=lambda i: (shape[i], i))
+
+    if len(free) == len(shape):  # not split over "model": the whole mesh if it can
+        whole = [i for i in free if shape[i] % n == 0]
+        if whole and n > n_data:
+            entries[largest(whole)] = (DATA, *topology.model_axes)
+            return P(*entries)
+    fits = [i for i in free if shape[i] % n_data == 0]
+    if fits:
+        entries[largest(fits)] = DATA
+        return P(*entries)
+    shared = [
+        i for i, e in enumerate(entries)
+        if e is not None and shape[i] % (n_data * int(np.prod([topology.mesh.shape[a] for a in _axes(e)]))) == 0
+    ]
+    if shared:
+        i = largest(shared)
+        entries[i] = (DATA, *_axes(entries[i]))
+        return P(*entries)
+    return None
+
+
+def _over_data_tree(params: Any, specs: Any, topology: Topology) -> Any:
+    """`over_data` on every parameter; logs the bytes left whole on every replica."""
+    kept: list[tuple[str, int, bool]] = []
+
+    def one(path: Any, leaf: Any, spec: P) -> P:
+        out = over_data(spec, tuple(leaf.shape), topology)
+        if out is None or DATA not in [a for e in out for a in _axes(e)]:
+            size = int(np.prod(leaf.shape))
+            kept.append((path_name(path), size * np.dtype(leaf.dtype).itemsize, out is None))
+        return spec if out is None else out
+
+    out = jax.tree_util.tree_map_with_path(one, params, specs)
+    if topology.num_replicas > 1:
+        total = sum(b for _, b, _ in kept)
+        odd = [name for name, _, indivisible in kept if indivisible]
+        log.info(
+            "parameter_sharding='fsdp': %d parameters (%d bytes) stay whole on every replica "
+            "(fewer than %d elements, or no dimension divisible by the device count%s).",
+            len(kept), total, DEFAULT_MIN_SIZE, f": {odd}" if odd else "",
+        )
+    return out
+
+
 def _from_metadata(meta: Any, logical_rules: Sequence[Any] | None) -> Any:
     """A metadata spec (mesh or logical names) as mesh names; None when there is none."""
     if not isinstance(meta, P) or len(meta) == 0:
@@ -96,8 +169,10 @@ def param_specs(
     rules: Sequence[tuple[str, Any]] | None = None,
     metadata: Any = None,
     logical_rules: Sequence[Any] | None = None,
+    fsdp: bool = False,
 ) -> Any:
-    """A PartitionSpec per parameter (see the module docstring for the order)."""
+    """A PartitionSpec per parameter (see the module docstring for the order); `fsdp` adds
+    the "data" axis (`over_data`)."""
     metas = {}
     if metadata is not None:
         for path, m in jax.tree_util.tree_flatten_with_path(
@@ -116,12 +191,14 @@ def param_specs(
             return _translate(meta, topology, name, shape)
         return _default(shape, topology)
 
-    return jax.tree_util.tree_map_with_path(one, params)
+    specs = jax.tree_util.tree_map_with_path(one, params)
+    return _over_data_tree(params, specs, topology) if fsdp else specs
 
 
 def state_specs(state: Any, topology: Topology, **kw: Any) -> Any:
-    """PartitionSpecs for a TrainState: params by `param_specs`, optimizer state by the
-    parameter whose path ends its own path (same shape), the rest replicated."""
+    """PartitionSpecs for a TrainState: params by `param_specs` (`kw` are its options),
+    optimizer state by the parameter whose path ends its own path (same shape), the rest
+    replicated."""
     pspecs = param_specs(state.params, topology, **kw)
     by_path = {}
     for (path, leaf), spec in zip(
