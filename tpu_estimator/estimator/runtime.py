@@ -23,6 +23,7 @@ from tpu_estimator.feeding.host_batches import HostBatch
 from tpu_estimator.loops import evaluate as eval_loops
 from tpu_estimator.loops import predict as predict_loops
 from tpu_estimator.loops import train as train_loops
+from tpu_estimator.loops.accumulate import micro_batch_size
 from tpu_estimator.loops.train import Traced
 from tpu_estimator.model import components
 from tpu_estimator.model.spec_view import SpecView
@@ -50,6 +51,9 @@ class Runtime:
         self.mode = mode
         self.layout = layout
         batch = layout.per_replica_batch_size if layout.global_batch_size else None
+        k = core.config.tpu_config.gradient_accumulation_steps
+        if mode == ModeKeys.TRAIN and k > 1 and batch is not None:
+            batch = micro_batch_size(batch, k)  # model_fn sees micro-batches (loops/accumulate.py)
         self.model = core.bind(mode, batch_size=batch)
         self.example_model = core.bind(mode, batch_size=1)
         self.view = core.view(mode)
@@ -144,8 +148,11 @@ class Runtime:
         return None if self.traced is None else self.traced.spec
 
     def replica_sample(self, batch: HostBatch, axes: Any) -> tuple[Any, Any]:
-        """The first replica's share of a host batch: what model_fn sees, for initialisation."""
+        """The first replica's share of a host batch (in TRAIN its first micro-batch): what
+        model_fn sees, for initialisation."""
         n = self.layout.per_replica_batch_size if self.layout.global_batch_size else batch.num_real
+        if self.mode == ModeKeys.TRAIN:  # a micro-batch with gradient_accumulation_steps
+            n = micro_batch_size(n, self.core.config.tpu_config.gradient_accumulation_steps)
         labels = None if self.mode == ModeKeys.PREDICT else batch.labels
         tree = (batch.features, labels)
         axes = (axes[0], None if labels is None else axes[1])
