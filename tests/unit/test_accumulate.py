@@ -18,7 +18,7 @@ import pytest
 
 import tpu_estimator as te
 from tpu_estimator.loops.accumulate import micro_batch_size
-from tpu_estimator.loops.train import init_program, train_step
+from tpu_estimator.loops.train import init_program, step_program, train_step
 from tpu_estimator.model.call import check_model_fn
 from tpu_estimator.model.module import bind_model
 from tpu_estimator.parallel.collectives import single_replica
@@ -134,3 +134,24 @@ def test_an_indivisible_batch_names_the_setting():
     assert micro_batch_size(12, 4) == 3
     with pytest.raises(ValueError, match=r"gradient_accumulation_steps=5 with a per-replica batch of 12.*\[1, 2, 3, 4, 6, 12\]"):
         micro_batch_size(12, 5)
+
+
+def test_micro_batches_lower_the_steps_scratch_memory():
+    """XLA's memory analysis of the compiled step (the measure of benchmarks/step_memory.py):
+    activations dominate this model, so k=4 needs well under half of k=1's scratch memory."""
+
+    def wide_model_fn(features, labels, mode, params):
+        x = features["x"]
+        for _ in range(4):
+            x = x + nn.LayerNorm()(nn.gelu(nn.Dense(128)(x)))
+        return te.TPUEstimatorSpec(mode, loss=jnp.mean((x[:, 0] - labels) ** 2), train_op=optax.sgd(0.1))
+
+    def temp(k):
+        m = bind_model(wide_model_fn, check_model_fn(wide_model_fn), te.ModeKeys.TRAIN, {}, None, 512 // k)
+        m = dataclasses.replace(m, accumulation_steps=k)
+        batch = ({"x": np.zeros((512, 128), np.float32)}, np.zeros((512,), np.float32))
+        topology = Topology.create(use_tpu=False)
+        state = jax.eval_shape(init_program(m, TRAIN_VIEW, topology, 0, True), *batch)
+        return step_program(m, TRAIN_VIEW, topology).lower(state, batch).compile().memory_analysis().temp_size_in_bytes
+
+    assert temp(4) < 0.5 * temp(1)
