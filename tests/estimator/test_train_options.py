@@ -178,3 +178,15 @@ def test_settings_are_checked(kw, error, match):
     with pytest.raises(error, match=match):
         te.TPUConfig(**kw)
 
+
+
+def test_a_float32_checkpoint_continues_under_mixed_float16(tmp_path):
+    """The loss scale is optional state: evaluate, then train on with a fresh scale."""
+    train(tmp_path, steps=1, input_fn=regression_input(1), model_fn=regression_model_fn)
+    est = estimator(tmp_path, model_fn=regression_model_fn, train_batch_size=32,
+                    tpu_config=te.TPUConfig(2, precision_policy="mixed_float16"))
+    assert np.isfinite(est.evaluate(regression_input(1), steps=1)["loss"])
+    est.train(regression_input(1), steps=2)
+    assert est.get_variable_value("global_step") == 3
+    assert est.get_variable_value("loss_scale/scale") == 2.0**15
+    assert est.get_variable_value("loss_scale/good_steps") == 2

@@ -169,9 +169,14 @@ class Runtime:
         abstract = self.traced.abstract  # what restoring checks model_fn's names against
         saved = self._saved_extras(ref)
         dropped = bool(saved - {c.name for c in self.model.components})  # a setting turned off
-        if train and not dropped and not self._tables_moved(ref):
+        fresh = [c for c in self.model.components if c.name not in saved]  # optional ones, absent
+        if train and not dropped and not fresh and not self._tables_moved(ref):
             return ref.checkpointer.restore(ref.step, abstract)
         raw = ref.checkpointer.restore_raw(ref.step)
+        if fresh:  # their state starts from `init` of the restored state
+            base = _fill(abstract.replace(embedding=None, extras=None), {**raw, "embedding": None})
+            started = {c.name: jax.device_get(c.init(base)) for c in fresh}
+            raw = {**raw, "extras": {**dict(raw.get("extras") or {}), **started}}
         if train:  # embedding tables saved on another device count, or a component's state left out
             state = _fill(abstract.replace(embedding=None), {**raw, "embedding": None})
             state = jax.device_put(state, init.state_shardings.replace(embedding=None))
@@ -195,14 +200,15 @@ class Runtime:
         return state if embedding is None else state.replace(embedding=embedding)
 
     def _saved_extras(self, ref: CheckpointRef) -> set[str]:
-        """The components whose state the checkpoint holds; each of this run's must be there.
+        """The components whose state the checkpoint holds; each of this run's must be there
+        (but optional ones: model/components.py).
 
         Raises:
           ValueError: a component's state is missing (naming the setting that added it).
         """
         saved = set(state_metadata(ref.path).get("extras") or {})
         for c in self.model.components:
-            if c.name not in saved:
+            if c.name not in saved and not components.is_optional(c):
                 raise ValueError(
                     message(
                         f"Checkpoint {ref.path} has no {c.name!r} state: it was written without "

@@ -26,6 +26,11 @@ scalar `apply` (False vetoes the step's update: parameters, optimizer state
 and embedding tables stay as they were; the step still counts) and its new
 state. `apply` must be the same on every replica.
 
+A component with `optional = True` (the loss scale) may be missing from a
+checkpoint: it then starts from `init(state)` of the restored state, in
+training and in evaluation, prediction and export, instead of being an error
+naming its setting.
+
 Restoring onto another device count needs nothing of a component whose
 state is shaped like the parameters (it is restored by shape and sharding,
 as the parameters are). The core holds the components of a run in
@@ -140,6 +145,11 @@ def gradients(
     return grads, apply, extras
 
 
+def is_optional(component: StateComponent) -> bool:
+    """Whether a checkpoint may lack the component's state (it then starts from `init`)."""
+    return bool(getattr(component, "optional", False))
+
+
 def inference_variables(
     components: Components, extras: Mapping[str, PyTree] | None, variables: dict[str, Any]
 ) -> dict[str, Any]:
@@ -149,6 +159,8 @@ def inference_variables(
       ValueError: a component's state is missing (a checkpoint written without its setting).
     """
     for c in components:
+        if (extras is None or c.name not in extras) and is_optional(c):
+            continue  # (its variables are the ones given)
         if extras is None or c.name not in extras:
             raise ValueError(
                 message(

@@ -12,7 +12,9 @@ does not advance, like Keras' `optimizer.iterations`.
 
 State in `TrainState.extras["loss_scale"]`: `scale` (float32) and
 `good_steps` (int32, finite steps since the last change), checkpointed and
-read as `loss_scale/scale`, `loss_scale/good_steps`.
+read as `loss_scale/scale`, `loss_scale/good_steps`. A checkpoint written
+without them (another precision policy) is used as it is, the scale starting
+from 2**15.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class DynamicLossScale:
     growth_interval: int = 2000
     name: str = NAME
     setting: str = "TPUConfig.precision_policy='mixed_float16'"
+    optional: bool = True  # a checkpoint written with another policy: the scale starts afresh
 
     def init(self, state: TrainState) -> Any:
         return {"scale": jnp.asarray(self.initial_scale, jnp.float32), "good_steps": jnp.zeros((), jnp.int32)}
