@@ -190,3 +190,22 @@ def test_a_float32_checkpoint_continues_under_mixed_float16(tmp_path):
     assert est.get_variable_value("global_step") == 3
     assert est.get_variable_value("loss_scale/scale") == 2.0**15
     assert est.get_variable_value("loss_scale/good_steps") == 2
+
+
+def test_accumulation_with_embedding_tables_equals_one_big_step(tmp_path):
+    """The looked-up activations are split with the features; their gradients are the
+    micro-batches' concatenated (over k), so the tables' updates are the big step's."""
+    from tests.embedding.test_estimator import BATCHES, make_spec
+    from tests.embedding.test_estimator import model_fn as embedding_model_fn
+
+    out = {}
+    for k in (1, 2):
+        est = te.TPUEstimator(
+            embedding_model_fn, model_dir=str(tmp_path / str(k)), use_tpu=True, train_batch_size=32,
+            embedding_config_spec=make_spec(),
+            config=te.RunConfig(tpu_config=te.TPUConfig(2, gradient_accumulation_steps=k)),
+        )
+        est.train(lambda params: iter(BATCHES[:2]), max_steps=2)
+        out[k] = {n: est.get_variable_value(n) for n in ("embedding/users", "embedding/items", *NAMES)}
+    for n, v in out[1].items():
+        np.testing.assert_allclose(out[2][n], v, rtol=1e-5, atol=1e-6, err_msg=n)

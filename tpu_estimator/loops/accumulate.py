@@ -64,7 +64,10 @@ def split_batch(batch: tuple[Any, Any], k: int, batch_axes: Any = None) -> tuple
     """(features, labels) as k stacked micro-batches, each leaf split on its batch axis."""
     if batch_axes is None:
         return jax.tree.map(lambda x: _split(x, k, 0), batch)
-    return jax.tree.map(lambda ax, x: _split(x, k, int(ax)), tuple(batch_axes), tuple(batch))
+    axes = list(batch_axes)
+    if isinstance(axes[0], dict) and isinstance(batch[0], dict):  # the embedding ids left the features
+        axes[0] = {name: axes[0][name] for name in batch[0]}
+    return jax.tree.map(lambda ax, x: _split(x, k, int(ax)), tuple(axes), tuple(batch))
 
 
 def accumulate(
