@@ -7,7 +7,9 @@ every floating array of the spec model_fn returns (loss, predictions, metric
 and host_call tensors) back to float32. The parameters themselves stay
 float32: the cast is inside the differentiated function, so gradients,
 optimizer state and checkpoints are float32 ("master weights"). Mutable
-collections (`batch_stats`) come back in their stored dtype.
+collections (`batch_stats`) come back in their stored dtype. The
+initialisation (`BoundModel.init`) runs in float32: it creates the float32
+parameters.
 """
 
 from __future__ import annotations
