@@ -174,9 +174,11 @@ class TPUConfig:
       remat_policy: (Not in the original.) None (default), "full" or the name
         of a `jax.checkpoint_policies` policy (e.g.
         "dots_with_no_batch_dims_saveable"): model_fn's forward pass in
-        training is rematerialized (`jax.checkpoint`): activations the policy
-        does not save are recomputed in the backward pass, trading compute for
-        memory. Results are unchanged.
+        training is rematerialized as one block (`jax.checkpoint`): values the
+        policy does not save are recomputed in the backward pass. Results are
+        unchanged; what it saves depends on the policy and the compiler (none
+        measured on XLA:CPU; README "Large models"); per-layer savings need
+        `nn.remat` around the layers in model_fn.
 
     Raises:
       ValueError, TypeError: on an invalid value, with the fix in the message.
