@@ -7,6 +7,7 @@ import enum
 import re
 from typing import Any, Literal, NamedTuple, Sequence
 
+from tpu_estimator.api import step_options
 from tpu_estimator.api.checks import is_int, message, optional_positive_int, positive_int
 from tpu_estimator.api.keywords import suggest_keywords
 
@@ -160,6 +161,36 @@ class TPUConfig:
         A no-op on one device. The optimizer must be elementwise (Adam, SGD,
         ...): transformations that reduce over a parameter (global-norm
         clipping, LAMB, Adafactor) are refused.
+      gradient_accumulation_steps: (Not in the original.) k >= 1 (default 1).
+        Each replica's batch of a training step is split into k micro-batches
+        inside the compiled step; their gradients are summed in float32 and
+        averaged before one optimizer update (`global_step` counts updates).
+        `input_fn` sees the same `params['batch_size']` as without it;
+        `model_fn` is called on micro-batches and its `params['batch_size']`
+        is the micro-batch size (per-replica batch / k). The reported loss is
+        the mean over the micro-batches; mutable collections (`batch_stats`)
+        are updated micro-batch after micro-batch, as k small steps would;
+        `host_call` tensors are concatenated over the micro-batches. A
+        per-replica batch that k does not divide is a ValueError.
+      precision_policy: (Not in the original, where models used
+        `tf.tpu.bfloat16_scope`.) "float32" (default), "mixed_bfloat16" or
+        "mixed_float16" (Keras' names): model_fn's layers see the parameters
+        and the floating features in the low precision, while parameters,
+        optimizer state, checkpoints, the loss, predictions and metric tensors
+        stay float32. "mixed_float16" scales the loss dynamically (Keras'
+        LossScaleOptimizer: 2**15 at first, doubled after 2000 finite steps,
+        halved with the update skipped when a gradient is not finite; a
+        skipped step still counts in `global_step`); its state is
+        checkpointed as `loss_scale/scale` and `loss_scale/good_steps`. The
+        same policy in evaluate(), predict() and export_saved_model().
+      remat_policy: (Not in the original.) None (default), "full" or the name
+        of a `jax.checkpoint_policies` policy (e.g.
+        "dots_with_no_batch_dims_saveable"): model_fn's forward pass in
+        training is rematerialized as one block (`jax.checkpoint`): values the
+        policy does not save are recomputed in the backward pass. Results are
+        unchanged; what it saves depends on the policy and the compiler (none
+        measured on XLA:CPU; README "Large models"); per-layer savings need
+        `nn.remat` around the layers in model_fn.
 
     Raises:
       ValueError, TypeError: on an invalid value, with the fix in the message.
@@ -183,6 +214,9 @@ class TPUConfig:
     logical_axis_rules: Sequence[tuple[str, str | None]] | None = None
     moving_average_decay: float | None = None
     parameter_sharding: Literal["replicated", "fsdp"] = "replicated"
+    gradient_accumulation_steps: int = 1
+    precision_policy: Literal["float32", "mixed_bfloat16", "mixed_float16"] = "float32"
+    remat_policy: str | None = None
 
     def __post_init__(self) -> None:
         parse_iterations_per_loop(self.iterations_per_loop)
@@ -232,6 +266,9 @@ class TPUConfig:
         )
         self._check_moving_average_decay()
         self._check_parameter_sharding()
+        step_options.check_gradient_accumulation_steps(self.gradient_accumulation_steps)
+        step_options.check_precision_policy(self.precision_policy)
+        step_options.check_remat_policy(self.remat_policy)
         if not isinstance(self.loop_strategy, str) or self.loop_strategy not in (
             "auto",
             "scan",

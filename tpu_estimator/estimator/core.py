@@ -35,6 +35,7 @@ from tpu_estimator.loops.embedded import Embedding
 from tpu_estimator.loops.strategy import LoopStrategy
 from tpu_estimator.model.call import INPUT_FN_ARGS, accepted_args
 from tpu_estimator.model.module import BoundModel, bind_model
+from tpu_estimator.model.precision import Precision
 from tpu_estimator.model.spec_view import SpecView, view_spec
 from tpu_estimator.model.state import TrainState
 from tpu_estimator.parallel.layout import DataLayout
@@ -192,7 +193,12 @@ class Core:
             use_tpu = self.use_tpu and (mode != ModeKeys.EVAL or self.eval_on_tpu)
         params = {**self.params, "use_tpu": bool(use_tpu)}
         model = bind_model(self.model_fn, self.model_fn_args, mode, params, self.config, batch_size)
-        model = dataclasses.replace(model, components=self.components)
+        tpu = self.config.tpu_config
+        model = dataclasses.replace(
+            model, components=self.components, precision=Precision(tpu.precision_policy),
+            accumulation_steps=tpu.gradient_accumulation_steps if mode == ModeKeys.TRAIN else 1,
+            remat_policy=tpu.remat_policy if mode == ModeKeys.TRAIN else None,
+        )
         if self.embedding_config_spec is None:
             return model
         topology = Topology.create(use_tpu=False) if one_device else self.topology

@@ -24,6 +24,7 @@ from tpu_estimator.feeding.host_batches import HostBatch
 from tpu_estimator.loops import evaluate as eval_loops
 from tpu_estimator.loops import predict as predict_loops
 from tpu_estimator.loops import train as train_loops
+from tpu_estimator.loops.accumulate import micro_batch_size
 from tpu_estimator.loops.train import Traced
 from tpu_estimator.model import components
 from tpu_estimator.model.spec_view import SpecView
@@ -74,6 +75,9 @@ class Runtime:
         self.mode = mode
         self.layout = layout
         batch = layout.per_replica_batch_size if layout.global_batch_size else None
+        k = core.config.tpu_config.gradient_accumulation_steps
+        if mode == ModeKeys.TRAIN and k > 1 and batch is not None:
+            batch = micro_batch_size(batch, k)  # model_fn sees micro-batches (loops/accumulate.py)
         self.model = core.bind(mode, batch_size=batch)
         self.example_model = core.bind(mode, batch_size=1)
         self.view = core.view(mode)
@@ -169,8 +173,11 @@ class Runtime:
         return None if self.traced is None else self.traced.spec
 
     def replica_sample(self, batch: HostBatch, axes: Any) -> tuple[Any, Any]:
-        """The first replica's share of a host batch: what model_fn sees, for initialisation."""
+        """The first replica's share of a host batch (in TRAIN its first micro-batch): what
+        model_fn sees, for initialisation."""
         n = self.layout.per_replica_batch_size if self.layout.global_batch_size else batch.num_real
+        if self.mode == ModeKeys.TRAIN:  # a micro-batch with gradient_accumulation_steps
+            n = micro_batch_size(n, self.core.config.tpu_config.gradient_accumulation_steps)
         labels = None if self.mode == ModeKeys.PREDICT else batch.labels
         tree = (batch.features, labels)
         axes = (axes[0], None if labels is None else axes[1])
@@ -187,9 +194,14 @@ class Runtime:
         abstract = self.traced.abstract  # what restoring checks model_fn's names against
         saved = self._saved_extras(ref)
         dropped = bool(saved - {c.name for c in self.model.components})  # a setting turned off
-        if train and not dropped and not self._tables_moved(ref):
+        fresh = [c for c in self.model.components if c.name not in saved]  # optional ones, absent
+        if train and not dropped and not fresh and not self._tables_moved(ref):
             return ref.checkpointer.restore(ref.step, abstract)
         raw = ref.checkpointer.restore_raw(ref.step)
+        if fresh:  # their state starts from `init` of the restored state
+            base = _fill(abstract.replace(embedding=None, extras=None), {**raw, "embedding": None})
+            started = {c.name: jax.device_get(c.init(base)) for c in fresh}
+            raw = {**raw, "extras": {**dict(raw.get("extras") or {}), **started}}
         if train:  # embedding tables saved on another device count, or a component's state left out
             state = _fill(abstract.replace(embedding=None), {**raw, "embedding": None})
             state = jax.device_put(state, init.state_shardings.replace(embedding=None))
@@ -213,14 +225,15 @@ class Runtime:
         return state if embedding is None else state.replace(embedding=embedding)
 
     def _saved_extras(self, ref: CheckpointRef) -> set[str]:
-        """The components whose state the checkpoint holds; each of this run's must be there.
+        """The components whose state the checkpoint holds; each of this run's must be there
+        (but optional ones: model/components.py).
 
         Raises:
           ValueError: a component's state is missing (naming the setting that added it).
         """
         saved = set(state_metadata(ref.path).get("extras") or {})
         for c in self.model.components:
-            if c.name not in saved:
+            if c.name not in saved and not components.is_optional(c):
                 raise ValueError(
                     message(
                         f"Checkpoint {ref.path} has no {c.name!r} state: it was written without "

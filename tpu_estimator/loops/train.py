@@ -14,10 +14,13 @@ from typing import Any, Callable
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import optax
 from jax import lax
 
+from tpu_estimator.api.step_options import checkpoint_policy
 from tpu_estimator.embedding.replica import update_in_replica
+from tpu_estimator.loops.accumulate import accumulate
 from tpu_estimator.loops.strategy import primitives_of
 from tpu_estimator.model import components
 from tpu_estimator.loops.replica import (
@@ -39,7 +42,12 @@ ViewFn = Callable[[Any], SpecView]
 
 
 def train_step(
-    model: BoundModel, view: ViewFn, state: TrainState, batch: tuple[Any, Any], shards: Any = None
+    model: BoundModel,
+    view: ViewFn,
+    state: TrainState,
+    batch: tuple[Any, Any],
+    batch_axes: Any = None,
+    shards: Any = None,
 ) -> tuple[TrainState, dict[str, Any]]:
     """One step on one replica: loss, gradients averaged over "data", update.
 
@@ -53,6 +61,10 @@ def train_step(
     are this replica's shards; model_fn sees the whole parameters (all-gathered in
     the loss, so the gradients come back reduce-scattered to the shards: the
     gather's transpose) and the optimizer updates the shards.
+    With `model.accumulation_steps` k > 1 the gradients are those of k
+    micro-batches (loops/accumulate.py, split on `batch_axes`); with
+    `model.remat_policy` the forward pass is rematerialized (`jax.checkpoint`).
+    Components may scale the loss and veto the update (model/components.py).
     """
     features, labels = batch
     rng = replica_key(state.rng, state.step)
@@ -66,21 +78,27 @@ def train_step(
         features, ids, weights = embedding.split(features)
         acts = embedding.lookup(state.embedding, ids, weights)
 
-    def loss_fn(params: Any, acts: dict[str, Any]) -> tuple[jax.Array, tuple[Any, Any]]:
+    def loss_fn(params: Any, acts: dict[str, Any], features: Any, labels: Any, collections: Any, rng: Any) -> Any:
         inputs = {**features, **acts} if acts else features
         with collecting() as summaries:
-            variables = {"params": gather_shards(params, shards), **state.collections}
+            variables = {"params": gather_shards(params, shards), **collections}
             spec, mutated = model.apply(variables, inputs, labels, rng=rng, mutable=mutable)
         found["spec"] = sv = view(spec)
-        return sv.loss, (mutated, sv.host_call_tensors, summaries)
+        scaled = components.scale_loss(model.components, state.extras, sv.loss)
+        return scaled, (sv.loss, mutated, sv.host_call_tensors, summaries)
 
-    (loss, (mutated, host_tensors, summaries)), (grads, act_grads) = jax.value_and_grad(
-        loss_fn, argnums=(0, 1), has_aux=True
-    )(state.params, acts)
+    if model.remat_policy is not None:
+        loss_fn = jax.checkpoint(loss_fn, policy=checkpoint_policy(model.remat_policy))
+    grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
+    loss, mutated, host_tensors, summaries, grads, act_grads = accumulate(
+        grad_fn, model.accumulation_steps, state.params, acts, (features, labels), state.collections, rng,
+        batch_axes,
+    )
     tx = found["spec"].train_op
     grads = shard_mean(grads, shards)
     if shards is not None:
         check_elementwise(tx, grads, state.opt_state, state.params)
+    (grads, act_grads), apply, extras = components.gradients(model.components, state.extras, (grads, act_grads))
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new_state = state.replace(
         params=optax.apply_updates(state.params, updates),
@@ -94,7 +112,13 @@ def train_step(
                 embedding.spec, embedding.collectives, state.embedding, ids, weights, act_grads, state.step
             )
         )
-    new_state = components.after_step(model.components, new_state)
+    if apply is not None:  # a component vetoed the update (e.g. float16 gradients overflowed)
+        new_state = new_state.replace(**{
+            name: jax.tree.map(lambda new, old: jnp.where(apply, new, old),
+                               getattr(new_state, name), getattr(state, name))
+            for name in ("params", "opt_state", "embedding")
+        })
+    new_state = components.after_step(model.components, new_state.replace(extras=extras))
     outputs = {"loss": replica_mean(loss), "host_call": host_tensors}
     return new_state, {**outputs, "summaries": replicate_summaries(summaries)}
 
@@ -107,7 +131,9 @@ def scan_program(
     def train_scan(state: TrainState, blocks: Any) -> tuple[TrainState, dict[str, Any]]:
         blocks = placement.constrain(blocks, leading=1)
         shards = placement.param_shards
-        state, outs = lax.scan(lambda s, b: train_step(model, view, s, b, shards), state, blocks)
+        state, outs = lax.scan(
+            lambda s, b: train_step(model, view, s, b, placement.batch_axes, shards), state, blocks
+        )
         return state, {**outs, "host_call": placement.collect(outs["host_call"], leading=1)}
 
     sharded = over_replicas(
@@ -135,7 +161,9 @@ def step_program(
     """
 
     def train_one_step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, Any]]:
-        new, outs = train_step(model, view, state, placement.constrain(batch), placement.param_shards)
+        new, outs = train_step(
+            model, view, state, placement.constrain(batch), placement.batch_axes, placement.param_shards
+        )
         return new.replace(step=state.step), {**outs, "host_call": placement.collect(outs["host_call"])}
 
     sharded = over_replicas(

@@ -12,6 +12,25 @@ it is:
 | evaluate / predict / export    | `inference_variables`    |
 | checkpoints                    | saved with the state; read as `<name>/<variable>` |
 
+Two optional hooks, called only for a component that has them (the dynamic
+loss scale of "mixed_float16", model/loss_scale.py, is the first):
+
+| where                                             | hook                         |
+| ------------------------------------------------- | ---------------------------- |
+| the loss, inside the differentiated function      | `scale_loss(extra, loss)`    |
+| the gradients (averaged over replicas), before the optimizer's update | `gradients(extra, grads) -> (grads, apply, extra)` |
+
+`gradients` sees the gradients of the (scaled) loss, both the parameters' and
+the embedding activations', and returns the gradients to apply, a boolean
+scalar `apply` (False vetoes the step's update: parameters, optimizer state
+and embedding tables stay as they were; the step still counts) and its new
+state. `apply` must be the same on every replica.
+
+A component with `optional = True` (the loss scale) may be missing from a
+checkpoint: it then starts from `init(state)` of the restored state, in
+training and in evaluation, prediction and export, instead of being an error
+naming its setting.
+
 Restoring onto another device count needs nothing of a component whose
 state is shaped like the parameters (it is restored by shape and sharding,
 as the parameters are). The core holds the components of a run in
@@ -102,6 +121,35 @@ def after_step(components: Components, state: TrainState) -> TrainState:
     return state.replace(extras={c.name: c.after_step(state.extras[c.name], state) for c in components})
 
 
+def scale_loss(components: Components, extras: Mapping[str, PyTree] | None, loss: Any) -> Any:
+    """`loss` as it is differentiated: through each component's optional `scale_loss`."""
+    for c in components:
+        if hasattr(c, "scale_loss") and extras is not None:
+            loss = c.scale_loss(extras[c.name], loss)
+    return loss
+
+
+def gradients(
+    components: Components, extras: Mapping[str, PyTree] | None, grads: PyTree
+) -> tuple[PyTree, Any, dict[str, PyTree] | None]:
+    """(gradients to apply, `apply` (None: always), extras) through each component's
+    optional `gradients` hook; a step applies its update only if every hook says so."""
+    apply = None
+    if extras is None:
+        return grads, apply, None
+    extras = dict(extras)
+    for c in components:
+        if hasattr(c, "gradients"):
+            grads, ok, extras[c.name] = c.gradients(extras[c.name], grads)
+            apply = ok if apply is None else apply & ok
+    return grads, apply, extras
+
+
+def is_optional(component: StateComponent) -> bool:
+    """Whether a checkpoint may lack the component's state (it then starts from `init`)."""
+    return bool(getattr(component, "optional", False))
+
+
 def inference_variables(
     components: Components, extras: Mapping[str, PyTree] | None, variables: dict[str, Any]
 ) -> dict[str, Any]:
@@ -111,6 +159,8 @@ def inference_variables(
       ValueError: a component's state is missing (a checkpoint written without its setting).
     """
     for c in components:
+        if (extras is None or c.name not in extras) and is_optional(c):
+            continue  # (its variables are the ones given)
         if extras is None or c.name not in extras:
             raise ValueError(
                 message(

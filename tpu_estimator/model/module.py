@@ -17,6 +17,7 @@ import jax
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.model.call import call_with
+from tpu_estimator.model.precision import Precision
 
 # Random streams offered to layers (Dropout uses "dropout").
 RNG_STREAMS = ("dropout", "noise", "sample", "params")
@@ -37,6 +38,9 @@ class BoundModel:
     `embedding` is what the programs need to look up `embedding_config_spec`'s
     tables before calling model_fn (a `loops.embedded.Embedding`), or None.
     `components` are the run's extra kinds of state (model/components.py).
+    `precision` is the dtype model_fn computes in (model/precision.py);
+    `accumulation_steps` and `remat_policy` how a train step runs it
+    (`TPUConfig.gradient_accumulation_steps`, `remat_policy`).
     """
 
     model_fn: Callable[..., Any]
@@ -46,6 +50,9 @@ class BoundModel:
     config: Any
     embedding: Any = None
     components: tuple[Any, ...] = ()
+    precision: Precision = Precision()
+    accumulation_steps: int = 1
+    remat_policy: str | None = None
 
     def _call(self, features: Any, labels: Any) -> Any:
         if labels is not None and "labels" not in self.arg_names:
@@ -86,7 +93,10 @@ class BoundModel:
         rng: jax.Array,
         mutable: list[str] | bool = False,
     ) -> tuple[Any, dict[str, Any]]:
-        """(spec, updated mutable collections); explains name mismatches between modes."""
+        """(spec, updated mutable collections); explains name mismatches between modes.
+        model_fn computes in `precision`'s dtype; the spec's arrays come back float32."""
+        stored = variables
+        variables, features = self.precision.inputs(variables, features)
         try:
             out = self.module.apply(
                 variables, features, labels, rngs=_rngs(rng), mutable=mutable or False
@@ -112,9 +122,8 @@ class BoundModel:
                     "name='...' to such layers (and to the ones after them).",
                 )
             ) from e
-        if mutable:
-            return out
-        return out, {}
+        spec, mutated = out if mutable else (out, {})
+        return self.precision.outputs(spec, mutated, stored)
 
 
 def bind_model(
