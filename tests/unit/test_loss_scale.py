@@ -1,11 +1,11 @@
-"""DynamicLossScale (model/loss_scale.py): Keras' LossScaleOptimizer rule, hook by hook."""
+"""DynamicLossScale (extras/loss_scale.py): Keras' LossScaleOptimizer rule, hook by hook."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
 
-from tpu_estimator.model.loss_scale import DynamicLossScale
+from tpu_estimator.extras.loss_scale import DynamicLossScale
 from tpu_estimator.parallel.collectives import single_replica
 
 

@@ -14,12 +14,12 @@ def registered(config: RunConfig) -> tuple[StateComponent, ...]:
     """The components `config` asks for, in the order their hooks run."""
     found: list[StateComponent] = []
     if config.tpu_config.precision_policy == "mixed_float16":
-        from tpu_estimator.model.loss_scale import DynamicLossScale
+        from tpu_estimator.extras.loss_scale import DynamicLossScale
 
         found.append(DynamicLossScale())
     decay = config.tpu_config.moving_average_decay
     if decay is not None:
-        from tpu_estimator.averaging.moving_average import MovingAverage
+        from tpu_estimator.extras.moving_average import MovingAverage
 
         found.append(MovingAverage(float(decay)))
     return tuple(found)

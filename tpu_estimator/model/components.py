@@ -13,7 +13,7 @@ it is:
 | checkpoints                    | saved with the state; read as `<name>/<variable>` |
 
 Two optional hooks, called only for a component that has them (the dynamic
-loss scale of "mixed_float16", model/loss_scale.py, is the first):
+loss scale of "mixed_float16", extras/loss_scale.py, is the first):
 
 | where                                             | hook                         |
 | ------------------------------------------------- | ---------------------------- |

@@ -112,7 +112,7 @@ def test_moving_average_decay_is_checked(decay, error):
         te.TPUConfig(moving_average_decay=decay)
 
 
-def test_a_model_without_settings_never_imports_the_averaging_package(tmp_path):
+def test_a_model_without_settings_never_imports_the_extras_package(tmp_path):
     import subprocess
     import sys
 
@@ -123,11 +123,11 @@ def test_a_model_without_settings_never_imports_the_averaging_package(tmp_path):
         f"est = estimator({str(tmp_path)!r}, use_tpu=False)\n"
         "est.train(batches_fn(x, y, repeat=2), steps=2)\n"
         "est.evaluate(batches_fn(x, y))\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('tpu_estimator.averaging', 'tpu_estimator.embedding'))))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('tpu_estimator.extras', 'tpu_estimator.embedding'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "tpu_estimator.averaging" not in out.stdout.splitlines()[-1]
+    assert "tpu_estimator.extras" not in out.stdout.splitlines()[-1]
 
 
 def test_turning_the_averages_off_continues_from_the_raw_weights(tmp_path):

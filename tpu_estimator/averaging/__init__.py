@@ -1,1 +1,0 @@
-"""Averaged weights (`TPUConfig.moving_average_decay`): a `StateComponent`."""
