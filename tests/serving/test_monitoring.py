@@ -158,3 +158,11 @@ def test_cli_refuses_a_bad_monitoring_config_before_loading(export_base, tmp_pat
          "--port=0", f"--monitoring_config_file={config}"],
         env=dict(os.environ, PYTHONPATH=tm._ROOT), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "is not a MonitoringConfig in text format" in proc.stderr
+
+
+def test_a_taken_grpc_port_is_an_error_naming_the_flag(export_base):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError, match=r"Cannot listen for gRPC on 127.0.0.1:\d+ \(--port\).*Pick another --port"):
+            GrpcServer(ModelStore(export_base, poll_seconds=0), MODEL, port=taken.getsockname()[1])

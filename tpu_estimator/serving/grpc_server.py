@@ -41,8 +41,12 @@ class GrpcServer:
                    ("grpc.so_reuseport", 0)]
         self._server = grpc.server(self._pool, handlers=self.service.handlers(), options=options,
                                    maximum_concurrent_rpcs=4 * max_threads)
-        self.port = self._server.add_insecure_port(f"{host}:{port}")
+        try:
+            self.port = self._server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError:  # grpc's "Failed to bind"
+            self.port = 0
         if self.port == 0:
+            self._pool.shutdown(wait=False)
             raise OSError(f"Cannot listen for gRPC on {host}:{port} (--port): the port is taken or the "
                           "address is not local. Pick another --port.")
         self.host = host

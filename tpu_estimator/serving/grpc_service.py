@@ -73,8 +73,8 @@ class PredictionService:
                 code, text = grpc.StatusCode.INTERNAL, f"Internal error: {type(e).__name__}: {e}"
             finally:
                 if self.metrics is not None:
-                    name = getattr(getattr(request, "model_spec", None), "name", "") or self.model_name
-                    self.metrics.request(name, api, "GRPC", code.name, time.perf_counter() - start)
+                    # the served name: a client's names would make the label set unbounded
+                    self.metrics.request(self.model_name, api, "GRPC", code.name, time.perf_counter() - start)
             context.abort(code, text)
 
         return handle
