@@ -215,3 +215,23 @@ def test_overload_is_resource_exhausted_never_unknown(export_base):
         store.stop()
     assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, set(codes)
     assert codes.count(grpc.StatusCode.OK) > 0 and codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) > 0
+
+
+@pytest.mark.parametrize("value", [
+    np.arange(6, dtype=np.float32).reshape(2, 3), np.float64([1.5, -2]), np.float16([1.5, -2]),
+    np.array([1.5, -2], tf.bfloat16.as_numpy_dtype), np.int8([1, -2]), np.uint8([3]), np.int16([-7]),
+    np.uint16([7]), np.int32([[1], [2]]), np.int64([2**40]), np.uint32([2**31]), np.uint64([2**63]),
+    np.bool_([True, False]), np.complex64([1 + 2j, 3 - 4j]), np.complex128([5 - 6j]), np.array([b"a", b"bc"]),
+])
+def test_tensor_protos_convert_as_tensorflow_does(value):
+    """TensorFlow's protos (tensor_content or typed *_val, whichever TF writes) -> ours, and back."""
+    from tpu_estimator.serving.tensor_proto import from_array, to_array
+
+    got = to_array(ours.TensorProto.FromString(tf.make_tensor_proto(value).SerializeToString()), "x")
+    assert got.shape == value.shape and got.tolist() == value.tolist()
+    back = tf.make_ndarray(type(tf.make_tensor_proto(value)).FromString(from_array(got).SerializeToString()))
+    assert back.dtype == (value.dtype if value.dtype.kind != "S" else object) and back.tolist() == value.tolist()
+    if value.dtype.kind not in "Sc":  # the typed field, one value filling the shape (TensorFlow's rule)
+        one = tf.make_tensor_proto(value.reshape(-1)[:1].tolist(), dtype=tf.as_dtype(value.dtype), shape=[3])
+        proto = ours.TensorProto.FromString(one.SerializeToString())
+        assert to_array(proto, "x").tolist() == [value.reshape(-1)[0]] * 3

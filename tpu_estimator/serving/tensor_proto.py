@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_dtypes
+import jax.numpy as jnp
 import numpy as np
 
 from tpu_estimator.api.checks import message
@@ -20,7 +20,7 @@ from tpu_estimator.serving.tf_serving_proto import DATA_TYPES, TensorProto
 _NUMPY = {
     "DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_INT32": np.int32, "DT_UINT8": np.uint8,
     "DT_INT16": np.int16, "DT_INT8": np.int8, "DT_COMPLEX64": np.complex64, "DT_INT64": np.int64,
-    "DT_BOOL": np.bool_, "DT_BFLOAT16": ml_dtypes.bfloat16, "DT_UINT16": np.uint16,
+    "DT_BOOL": np.bool_, "DT_BFLOAT16": jnp.bfloat16, "DT_UINT16": np.uint16,
     "DT_COMPLEX128": np.complex128, "DT_HALF": np.float16, "DT_UINT32": np.uint32, "DT_UINT64": np.uint64,
 }
 _BY_NUMBER = {DATA_TYPES[k]: (k, np.dtype(v)) for k, v in _NUMPY.items()}
@@ -108,4 +108,4 @@ def dtype_enum(name: str) -> int:
     """A dtype name of a manifest ('float32', 'string') -> TensorFlow's DataType number."""
     if name == "string":
         return DATA_TYPES["DT_STRING"]
-    return _BY_DTYPE.get(np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name), 0)
+    return _BY_DTYPE.get(np.dtype(jnp.bfloat16 if name == "bfloat16" else name), 0)
