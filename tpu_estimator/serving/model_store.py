@@ -23,6 +23,7 @@ from etils import epath
 
 from tpu_estimator.export import manifest as mf
 from tpu_estimator.export.loader import ExportedModel, Signature, load_exported
+from tpu_estimator.feeding.host_memory import trim
 from tpu_estimator.paths import as_uri, join
 from tpu_estimator.serving.batcher import Batcher, BatchingOptions, Gate
 from tpu_estimator.serving.version_policy import VersionPolicy
@@ -163,7 +164,7 @@ class ModelStore:
             wanted = self.policy.select([v for v in on_disk if v not in self._failed])
             if not wanted:  # nothing (usable) on disk: keep serving what is loaded
                 return False
-            changed = False
+            changed = unloaded = False
             while missing := sorted(set(wanted) - set(self._loaded), reverse=True):  # newest first
                 for version in missing:
                     changed |= self._load_one(version)
@@ -172,10 +173,14 @@ class ModelStore:
                 old = self._loaded[version]
                 self._loaded = {v: lv for v, lv in self._loaded.items() if v != version}
                 old.close()  # requests queued there finish there
+                del old  # its weights are freed once the last request on it ends
                 self._states[version] = VersionState("END")
                 log.info("Unloaded version %d of %s.", version, self.base)
                 changed = True
+                unloaded = True
             self._prune()
+        if unloaded:  # glibc keeps the freed weights' pages in its arenas: a reload every 5 min grew
+            trim()    # RSS ~1 MB each (benchmarks/serving_soak.py); flat with malloc_trim
         return changed
 
     def _load_one(self, version: int) -> bool:
