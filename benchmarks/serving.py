@@ -1,10 +1,13 @@
-"""Loopback load test of `tpu-estimator serve`: dynamic batching vs batch-size-1 serving.
+"""Loopback load test of `tpu-estimator serve`: REST vs gRPC, dynamic batching vs batch-size-1 serving.
 
-Trains a small MLP for a few steps, exports it, then for each mode starts the
-server as a subprocess on 127.0.0.1, runs 16 concurrent clients sending
-one-example `:predict` requests (row format) for a bounded number of requests,
-checks every response against the exported model run locally, and prints
-requests/sec and p50/p99 latency. The server is always shut down.
+Trains a small MLP for a few steps, exports it, then for each batching mode
+starts the server as a subprocess on 127.0.0.1 (REST and gRPC ports), and
+for each protocol (REST `:predict` row format; gRPC `PredictionService/Predict`
+with a TensorProto in tensor_content) and each client count (1 and 16 by
+default) runs concurrent closed-loop clients sending one-example requests
+for a bounded number of requests, checks every response against the
+exported model run locally, and prints requests/sec and p50/p99 latency.
+The server is always shut down.
 
 The overload run (`--run overload`) starts a server with a small queue
 (`--max_enqueued_batches 2`, `--max_batch_size 16`) and more closed-loop
@@ -16,7 +19,9 @@ and the server process's RSS sampled each second (from /proc: flat means no
 pile-up or leak).
 
 Usage: .venv/bin/python benchmarks/serving.py [--run all|compare|overload]
-       [--requests_per_client 150] [--clients 16] [--overload_seconds 120] [--overload_clients 64]
+       [--requests_per_client 150] [--clients 1,16] [--protocols rest,grpc]
+       [--overload_seconds 120] [--overload_clients 64]
+(the soak run with hot reloads is benchmarks/serving_soak.py)
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -34,11 +40,14 @@ import threading
 import time
 
 import flax.linen as nn
+import grpc
 import httpx
 import numpy as np
 import optax
 
 import tpu_estimator as te
+from tpu_estimator.serving import tf_serving_proto as pb
+from tpu_estimator.serving.tensor_proto import from_array, to_array
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 DIM, HIDDEN, CLASSES = 256, 2048, 10
@@ -79,16 +88,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclasses.dataclass(frozen=True)
+class Server:
+    url: str  # the REST model URL
+    target: str  # the gRPC host:port
+    pid: int
+    root: str  # the REST root (probes, metrics)
+
+
 @contextlib.contextmanager
-def serving(base: str, flags: list[str]):
-    """A `tpu-estimator serve` subprocess on 127.0.0.1: yields (its model URL, its pid)."""
-    port = free_port()
+def serving(base: str, flags: list[str], poll_seconds: float = 0):
+    """A `tpu-estimator serve` subprocess on 127.0.0.1 (REST and gRPC): yields a `Server`."""
+    port, grpc_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}/v1/models/bench"
     with tempfile.TemporaryFile() as log:  # a file, not a pipe: a full pipe would block the server
         proc = subprocess.Popen(
             [sys.executable, "-m", "tpu_estimator.serving.cli", "serve", f"--model_base_path={base}",
-             "--model_name=bench", f"--rest_api_port={port}", "--file_system_poll_wait_seconds=0",
-             "--log_level=warning", *flags],
+             "--model_name=bench", f"--rest_api_port={port}", f"--port={grpc_port}",
+             f"--file_system_poll_wait_seconds={poll_seconds}", "--log_level=warning", *flags],
             env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.DEVNULL, stderr=log,
         )
         try:
@@ -102,23 +119,72 @@ def serving(base: str, flags: list[str]):
                         break
                 except httpx.TransportError:
                     time.sleep(0.1)
-            yield url, proc.pid
+            yield Server(url, f"127.0.0.1:{grpc_port}", proc.pid, f"http://127.0.0.1:{port}")
         finally:
             proc.kill()
             proc.wait(timeout=30)
 
 
-def run_mode(base: str, label: str, flags: list[str], args: argparse.Namespace) -> dict:
-    with serving(base, flags) as (url, _):
-        return load_test(url, label, args)
+def run_mode(base: str, label: str, flags: list[str], args: argparse.Namespace) -> list[dict]:
+    """One server; each protocol at each client count against it."""
+    results = []
+    with serving(base, flags) as server:
+        for protocol in args.protocols:
+            for clients in args.clients:
+                results.append(load_test(server, f"{protocol} {label}", args, protocol=protocol, clients=clients))
+    return results
 
 
-def load_test(url: str, label: str, args: argparse.Namespace) -> dict:
+class RestClient:
+    """One client's connection: `predict(x)` -> (ok, probabilities or error text)."""
+
+    def __init__(self, server: Server) -> None:
+        self._http = httpx.Client(timeout=30)
+        self._url = server.url + ":predict"
+
+    def predict(self, x: np.ndarray) -> tuple[bool, object]:
+        r = self._http.post(self._url, json={"instances": x.tolist()})
+        if r.status_code != 200:
+            return False, f"{r.status_code}: {r.text[:200]}"
+        return True, np.asarray(r.json()["predictions"])
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class GrpcClient:
+    """TF Serving's PredictionService/Predict on one channel (wire-identical to its stubs)."""
+
+    def __init__(self, server: Server) -> None:
+        self._channel = grpc.insecure_channel(server.target)
+        self._predict = self._channel.unary_unary(
+            "/tensorflow.serving.PredictionService/Predict",
+            request_serializer=lambda m: m.SerializeToString(), response_deserializer=pb.PredictResponse.FromString)
+
+    def predict(self, x: np.ndarray) -> tuple[bool, object]:
+        request = pb.PredictRequest()
+        request.model_spec.name = "bench"
+        request.inputs["x"].CopyFrom(from_array(x))
+        try:
+            response = self._predict(request, timeout=30)
+        except grpc.RpcError as e:
+            return False, f"{e.code().name}: {e.details()[:200]}"
+        return True, to_array(response.outputs["probabilities"], "probabilities")
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+CLIENTS = {"rest": RestClient, "grpc": GrpcClient}
+
+
+def load_test(server: Server, label: str, args: argparse.Namespace, *, protocol: str = "rest",
+              clients: int = 16) -> dict:
     model = te.load_exported(os.path.join(args.base, os.listdir(args.base)[0]))
     rng = np.random.RandomState(1)
-    inputs = rng.randn(args.clients, args.requests_per_client, DIM).astype(np.float32)
+    inputs = rng.randn(clients, args.requests_per_client, DIM).astype(np.float32)
     expected = model.signatures["serving_default"](x=inputs.reshape(-1, DIM))["probabilities"]
-    expected = expected.reshape(args.clients, args.requests_per_client, CLASSES)
+    expected = expected.reshape(clients, args.requests_per_client, CLASSES)
     latencies: list[float] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -126,27 +192,28 @@ def load_test(url: str, label: str, args: argparse.Namespace) -> dict:
 
     def client(c: int) -> None:
         mine = []
-        with httpx.Client(timeout=30) as http:
+        conn = CLIENTS[protocol](server)
+        try:
             for i in range(args.requests_per_client):
                 if time.monotonic() > stop_at:
                     break
                 t0 = time.perf_counter()
-                r = http.post(url + ":predict", json={"instances": [inputs[c, i].tolist()]})
+                ok, got = conn.predict(inputs[c, i : i + 1])
                 mine.append(time.perf_counter() - t0)
-                if r.status_code != 200:
-                    errors.append(f"{r.status_code}: {r.text[:200]}")
-                    continue
-                got = np.asarray(r.json()["predictions"][0])
-                if not np.allclose(got, expected[c, i], rtol=1e-4, atol=1e-5):
+                if not ok:
+                    errors.append(str(got))
+                elif not np.allclose(got[0], expected[c, i], rtol=1e-4, atol=1e-5):
                     errors.append(f"client {c} request {i}: wrong prediction")
+        finally:
+            conn.close()
         with lock:
             latencies.extend(mine)
 
-    # warm-up (connections, first calls)
-    with httpx.Client(timeout=30) as http:
-        for _ in range(5):
-            http.post(url + ":predict", json={"instances": [inputs[0, 0].tolist()]})
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(args.clients)]
+    warm = CLIENTS[protocol](server)  # warm-up (connections, first calls)
+    for _ in range(5):
+        warm.predict(inputs[0, :1])
+    warm.close()
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -154,7 +221,7 @@ def load_test(url: str, label: str, args: argparse.Namespace) -> dict:
         t.join()
     wall = time.perf_counter() - t0
     lat = np.asarray(latencies) * 1e3
-    result = {"mode": label, "requests": len(lat), "rps": len(lat) / wall,
+    result = {"mode": label, "clients": clients, "requests": len(lat), "rps": len(lat) / wall,
               "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
               "errors": len(errors)}
     if errors:
@@ -188,7 +255,8 @@ def overload(base: str, args: argparse.Namespace) -> dict:
     wrong: list[str] = []
     lock = threading.Lock()
     sent = [0]
-    with serving(base, OVERLOAD_FLAGS) as (url, pid):
+    with serving(base, OVERLOAD_FLAGS) as server:
+        url, pid = server.url, server.pid
         stop_at = time.monotonic() + args.overload_seconds
         stop = threading.Event()
 
@@ -245,10 +313,15 @@ def overload(base: str, args: argparse.Namespace) -> dict:
     }
 
 
+def _ints(text: str) -> list[int]:
+    return [int(t) for t in text.split(",")]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--run", choices=["all", "compare", "overload"], default="all")
-    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--clients", type=_ints, default=[1, 16], help="client counts, e.g. 1,16")
+    p.add_argument("--protocols", type=lambda t: t.split(","), default=["rest", "grpc"])
     p.add_argument("--requests_per_client", type=int, default=150)
     p.add_argument("--time_limit", type=float, default=60.0, help="seconds per mode, at most")
     p.add_argument("--overload_clients", type=int, default=64)
@@ -265,14 +338,14 @@ def main() -> int:
                                       "--batch_timeout_micros", "2000"]),
                 # each request is its own batch: room for every client's request
                 ("batch size 1", ["--enable_batching", "false", "--max_batch_size", "1",
-                                  "--max_enqueued_batches", str(args.clients)]),
+                                  "--max_enqueued_batches", str(max(args.clients))]),
             ]
-            results = [run_mode(args.base, label, flags, args) for label, flags in modes]
-            print(f"model: MLP {DIM}-{HIDDEN}x3-{CLASSES}; {args.clients} concurrent clients, "
-                  f"one example per request, loopback HTTP")
-            print(f"{'mode':<18} {'requests':>8} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
+            results = [r for label, flags in modes for r in run_mode(args.base, label, flags, args)]
+            print(f"model: MLP {DIM}-{HIDDEN}x3-{CLASSES}; closed-loop clients, one example per request, "
+                  f"loopback (REST: HTTP/1.1 JSON; gRPC: TensorProto)")
+            print(f"{'mode':<24} {'clients':>7} {'requests':>8} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
             for r in results:
-                print(f"{r['mode']:<18} {r['requests']:>8} {r['rps']:>8.1f} {r['p50_ms']:>8.2f} "
+                print(f"{r['mode']:<24} {r['clients']:>7} {r['requests']:>8} {r['rps']:>8.1f} {r['p50_ms']:>8.2f} "
                       f"{r['p99_ms']:>8.2f} {r['errors']:>6}")
             failed |= any(r["errors"] for r in results)
         if args.run in ("all", "overload"):

@@ -232,10 +232,13 @@ def test_cli_takes_tf_serving_spellings_and_the_old_ones():
     new = p.parse_args(["serve", "--model_base_path=/m", "--rest_api_port=9000", "--model_name=a",
                         "--max_enqueued_batches=3", "--model_version_policy=latest:2",
                         "--file_system_poll_wait_seconds=5"])
-    old = p.parse_args(["serve", "/m", "--port", "9000", "--model_name", "a", "--poll_seconds", "5"])
+    old = p.parse_args(["serve", "/m", "--model_name", "a", "--poll_seconds", "5"])
     assert (new.model_base_path, new.port, new.max_enqueued_batches, new.model_version_policy,
             new.poll_seconds) == ("/m", 9000, 3, "latest:2", 5.0)
-    assert (old.export_dir_base, old.port, old.poll_seconds) == ("/m", 9000, 5.0)
+    assert (old.export_dir_base, old.poll_seconds) == ("/m", 5.0)
+    # TF Serving's meanings and defaults: --port is gRPC's (8500), --rest_api_port REST's (8501)
+    assert (old.grpc_port, old.port) == (8500, 8501)
+    assert p.parse_args(["serve", "/m", "--port", "9000"]).grpc_port == 9000
 
 
 @pytest.mark.parametrize(
@@ -270,7 +273,7 @@ def test_cli_with_tf_serving_flags_in_a_subprocess(export_base, tmp_path):
         port = sock.getsockname()[1]
     proc = subprocess.Popen(
         [sys.executable, "-m", "tpu_estimator.serving.cli", "serve", f"--model_base_path={export_base}",
-         f"--model_name={MODEL}", f"--rest_api_port={port}", "--file_system_poll_wait_seconds=0",
+         f"--model_name={MODEL}", f"--rest_api_port={port}", "--port=0", "--file_system_poll_wait_seconds=0",
          "--max_enqueued_batches=4", "--model_version_policy=latest:1", "--log_level=warning"],
         cwd=tmp_path, env=dict(os.environ, PYTHONPATH=tm._ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )

@@ -193,7 +193,7 @@ def test_cli_serves_in_a_subprocess(export_base, tmp_path):
     env = dict(os.environ, PYTHONPATH=tm._ROOT)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tpu_estimator.serving.cli", "serve", export_base, "--model_name", MODEL,
-         "--port", str(port), "--poll_seconds", "0", "--log_level", "warning"],
+         "--rest_api_port", str(port), "--port", "0", "--poll_seconds", "0", "--log_level", "warning"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     try:

@@ -2,7 +2,10 @@
 
 Routes (NAME is `--model_name`; `/versions/N` may follow it everywhere):
 `GET /v1/models/NAME` (status), `GET /v1/models/NAME/metadata` (signatures),
-`POST /v1/models/NAME:predict`, `:classify`, `:regress`. Every error, for any
+`POST /v1/models/NAME:predict`, `:classify`, `:regress`; KServe's probes
+`GET /v2/health/live` (200 while serving) and `GET /v2/health/ready` (200 once
+a version is AVAILABLE, else 503); with `metrics`, Prometheus text at
+`metrics_path` (--monitoring_config_file). Every error, for any
 URL and method, gets TensorFlow Serving's `{"error": "..."}` body: 4xx for the
 client's mistakes, 503 (with `Retry-After`) when the queue is full. JSON is read
 and written as TF Serving does: `NaN`, `Infinity` and `-Infinity` are numbers.
@@ -15,6 +18,7 @@ import contextlib
 import json
 import logging
 import re
+import time
 from typing import Any
 
 import numpy as np
@@ -23,11 +27,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from tpu_estimator.api.export_output import DEFAULT_SERVING_SIGNATURE_DEF_KEY as DEFAULT_SIGNATURE
 from tpu_estimator.serving import rest
 from tpu_estimator.serving.batcher import ModelRetired, QueueFull, run_padded
 from tpu_estimator.serving.defaults import DEFAULT_MAX_BODY_BYTES
+from tpu_estimator.serving.metrics import ServingMetrics
 from tpu_estimator.serving.model_store import LoadedVersion, ModelStore, batchable
 
 log = logging.getLogger("tpu_estimator.serving")
@@ -60,8 +66,16 @@ class TFJSONResponse(JSONResponse):
         return json.dumps(content, allow_nan=True, separators=(",", ":")).encode("utf-8")
 
 
-def create_app(store: ModelStore, model_name: str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
-    """The ASGI app; its lifespan starts and stops `store` (loading and hot reload)."""
+_STATUS_CODES = {200: "OK", 400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 405: "UNIMPLEMENTED",
+                 413: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE"}
+
+
+def create_app(store: ModelStore, model_name: str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               metrics: ServingMetrics | None = None, metrics_path: str | None = None) -> Starlette:
+    """The ASGI app; its lifespan starts and stops `store` (loading and hot reload).
+
+    With `metrics`, REST requests are counted there, and `metrics_path` (if given)
+    answers its Prometheus text."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -72,6 +86,21 @@ def create_app(store: ModelStore, model_name: str, *, max_body_bytes: int = DEFA
             await asyncio.to_thread(store.stop)
 
     async def handle(request: Request) -> Response:
+        path = request.url.path
+        if request.method == "GET" and path in _PROBES:
+            return _probe(path, store)
+        if metrics_path is not None and path == metrics_path and metrics is not None:
+            return Response(await asyncio.to_thread(metrics.exposition), media_type=CONTENT_TYPE_LATEST)
+        if metrics is None or not path.startswith("/v1/models/"):
+            return await answer(request)
+        start = time.perf_counter()
+        response = await answer(request)
+        api = _api(path)
+        metrics.request(model_name, api, "REST", _STATUS_CODES.get(response.status_code, str(response.status_code)),
+                        time.perf_counter() - start)
+        return response
+
+    async def answer(request: Request) -> Response:
         try:
             return await _dispatch(request, store, model_name, max_body_bytes)
         except rest.BadRequest as e:
@@ -89,6 +118,25 @@ def create_app(store: ModelStore, model_name: str, *, max_body_bytes: int = DEFA
     methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
     routes = [Route("/{path:path}", handle, methods=methods)]  # every URL: errors stay JSON
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+
+
+_PROBES = ("/v2/health/live", "/v2/health/ready")
+
+
+def _probe(path: str, store: ModelStore) -> Response:
+    if path.endswith("/live"):
+        return TFJSONResponse({"live": True})
+    ready = store.ready
+    return TFJSONResponse({"ready": ready}, status_code=200 if ready else 503)
+
+
+def _api(path: str) -> str:
+    """The API of a /v1/models URL, as the metrics label it: predict, classify, regress,
+    get_model_metadata or get_model_status."""
+    if ":" in path:
+        verb = path.rsplit(":", 1)[1]
+        return verb if verb in _VERBS else "other"  # a bounded set of label values
+    return "get_model_metadata" if path.endswith("/metadata") else "get_model_status"
 
 
 def _error(text: str, status: int, headers: dict[str, str] | None = None) -> JSONResponse:

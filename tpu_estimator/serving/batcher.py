@@ -127,6 +127,11 @@ class Gate:
         with self._lock:
             self._held -= 1
 
+    @property
+    def held(self) -> int:
+        """Calls running or waiting now."""
+        return self._held
+
 
 @dataclasses.dataclass
 class _Request:
@@ -141,8 +146,11 @@ _CLOSE = object()
 class Batcher:
     """Batches the calls of one signature on `num_batch_threads` worker threads."""
 
-    def __init__(self, run: Callable[[Arrays], Arrays], options: BatchingOptions, name: str = "") -> None:
+    def __init__(self, run: Callable[[Arrays], Arrays], options: BatchingOptions, name: str = "",
+                 on_batch: Callable[[int, int], None] | None = None) -> None:
+        """`on_batch(rows, padded_rows)` is called after each batch run (metrics)."""
         self._run = run
+        self._on_batch = on_batch
         self.options = options
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
@@ -230,6 +238,8 @@ class Batcher:
             merged = {k: np.concatenate([r.inputs[k] for r in live]) for k in names}
             outputs = run_padded(self._run, merged, rows, self.options)
             self.batches_run += 1
+            if self._on_batch is not None:
+                self._on_batch(rows, self.options.padded_size(rows))
         except BaseException as e:  # every waiting request gets the error
             for r in live:
                 r.future.set_exception(e)

@@ -1,8 +1,9 @@
-"""`tpu-estimator serve --model_base_path DIR --model_name NAME --rest_api_port 8501`: the model server.
+"""`tpu-estimator serve --model_base_path DIR --model_name NAME --port 8500 --rest_api_port 8501`: the model server.
 
-Flags are spelled as TF Serving's `tensorflow_model_server` spells them; the
-older spellings (a positional EXPORT_DIR_BASE, `--port`, `--poll_seconds`)
-remain as aliases.
+Flags are spelled, and mean, what TF Serving's `tensorflow_model_server`'s
+do: `--port` is the gRPC port, `--rest_api_port` the REST port (0 turns
+either off). The older spellings (a positional EXPORT_DIR_BASE,
+`--poll_seconds`) remain as aliases.
 """
 
 from __future__ import annotations
@@ -44,7 +45,17 @@ def parser() -> argparse.ArgumentParser:
                    "'tpu_estimator[gcs]').")
     s.add_argument("--model_name", default="default")
     s.add_argument("--host", default="127.0.0.1", help="Interface to bind (default: loopback only).")
-    s.add_argument("--rest_api_port", "--port", dest="port", type=int, default=8501)
+    s.add_argument("--port", dest="grpc_port", type=int, default=8500,
+                   help="gRPC port of tensorflow.serving.PredictionService and ModelService "
+                   "(default 8500; 0: no gRPC).")
+    s.add_argument("--rest_api_port", dest="port", type=int, default=8501,
+                   help="REST port (default 8501; 0: no REST API, no probes, no metrics).")
+    s.add_argument("--grpc_max_threads", type=int, default=None,
+                   help="Threads serving gRPC calls (default 32).")
+    s.add_argument("--monitoring_config_file", default=None,
+                   help="TF Serving's MonitoringConfig in text format, e.g. 'prometheus_config { enable: "
+                   "true path: \"/monitoring/prometheus/metrics\" }': Prometheus metrics at that path "
+                   "on the REST port.")
     s.add_argument("--model_version_policy", default="latest:1",
                    help="Versions to serve: 'latest:N' (the N newest), 'specific:V1,V2' or 'all' "
                    "(default latest:1).")
@@ -84,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         import h11  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn
+        import grpc  # noqa: F401
+        import prometheus_client  # noqa: F401
     except ImportError as e:
         print(
             f"tpu-estimator serve needs the serving extras ({e.name} is missing): "
@@ -94,13 +107,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from tpu_estimator.serving.app import create_app
     from tpu_estimator.paths import as_uri
+    from tpu_estimator.serving.grpc_server import DEFAULT_MAX_THREADS, GrpcServer
+    from tpu_estimator.serving.metrics import ServingMetrics, read_monitoring_config
     from tpu_estimator.serving.model_store import ModelStore
     from tpu_estimator.serving.server import uvicorn_config
     from tpu_estimator.serving.version_policy import VersionPolicy
 
+    if args.port == 0 and args.grpc_port == 0:
+        p.error("Serve on a port: --port (gRPC) or --rest_api_port (REST) must be non-zero. "
+                "Received: --port=0 --rest_api_port=0.")
     try:
         as_uri(args.export_dir_base, arg="model_base_path")
         policy = VersionPolicy.parse(args.model_version_policy)
+        metrics_path = (read_monitoring_config(args.monitoring_config_file)
+                        if args.monitoring_config_file else None)
+        metrics = ServingMetrics()
         store = ModelStore(
         args.export_dir_base,
             tags=args.tags.split(",") if args.tags else None,
@@ -114,12 +135,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             },
             poll_seconds=args.poll_seconds,
             version_policy=policy,
+            events=metrics,
         )
-    except (TypeError, ValueError) as e:
+        metrics.queue_rows = store.queued_rows
+        grpc_server = None
+        if args.grpc_port:
+            grpc_server = GrpcServer(store, args.model_name, host=args.host, port=args.grpc_port, metrics=metrics,
+                                     max_threads=args.grpc_max_threads or DEFAULT_MAX_THREADS)
+    except (TypeError, ValueError, OSError) as e:
         print(f"tpu-estimator serve: {e}", file=sys.stderr)
         return 2
-    app = create_app(store, args.model_name, max_body_bytes=args.max_body_bytes)
-    uvicorn.Server(uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level.lower())).run()
+    if grpc_server is not None:
+        grpc_server.start()
+        logging.getLogger("tpu_estimator.serving").info("gRPC API on %s.", grpc_server.target)
+    try:
+        if args.port:
+            app = create_app(store, args.model_name, max_body_bytes=args.max_body_bytes, metrics=metrics,
+                             metrics_path=metrics_path)
+            config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+            uvicorn.Server(config).run()
+        else:
+            store.start()
+            try:
+                grpc_server.wait()
+            except KeyboardInterrupt:
+                pass
+            finally:
+                store.stop()
+    finally:
+        if grpc_server is not None:
+            grpc_server.stop()
     return 0
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from typing import Any, Sequence
+import time
+from typing import Any, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -22,6 +23,7 @@ from etils import epath
 
 from tpu_estimator.export import manifest as mf
 from tpu_estimator.export.loader import ExportedModel, Signature, load_exported
+from tpu_estimator.feeding.host_memory import trim
 from tpu_estimator.paths import as_uri, join
 from tpu_estimator.serving.batcher import Batcher, BatchingOptions, Gate
 from tpu_estimator.serving.version_policy import VersionPolicy
@@ -68,6 +70,14 @@ class VersionState:
                 "status": {"error_code": "UNKNOWN" if self.error else "OK", "error_message": self.error}}
 
 
+class StoreEvents(Protocol):
+    """What a store reports (serving/metrics.py's ServingMetrics records it)."""
+
+    def load(self, model_path: str, ok: bool, seconds: float) -> None: ...
+
+    def batch(self, rows: int, padded: int) -> None: ...
+
+
 class ModelStore:
     """Serves the versions `version_policy` picks under `base`; `get(version)` returns one."""
 
@@ -81,6 +91,7 @@ class ModelStore:
         poll_seconds: float = 1.0,
         warmup: bool = True,
         version_policy: VersionPolicy | str = VersionPolicy(),
+        events: StoreEvents | None = None,
     ) -> None:
         self.base = as_uri(base, arg="export_dir_base")
         self.policy = (version_policy if isinstance(version_policy, VersionPolicy)
@@ -91,6 +102,7 @@ class ModelStore:
         BatchingOptions.create(None, **self._flags)  # bad flags fail here, not at the first load
         self._poll = poll_seconds
         self._warmup = warmup
+        self.events = events
         self._loaded: dict[int, LoadedVersion] = {}  # replaced whole, never mutated: readers take no lock
         self._states: dict[int, VersionState] = {}
         self._failed: set[int] = set()
@@ -126,6 +138,16 @@ class ModelStore:
             return loaded[max(loaded)] if loaded else None
         return loaded.get(version)
 
+    @property
+    def ready(self) -> bool:
+        """A version is AVAILABLE (Kubernetes' readiness)."""
+        return bool(self._loaded)
+
+    def queued_rows(self) -> int:
+        """Rows waiting in the batchers' queues plus unbatched calls waiting or running."""
+        return sum(sum(b.waiting_rows for b in lv.batchers.values()) + lv.gate.held
+                   for lv in self._loaded.values())
+
     def status(self, version: int | None = None) -> list[dict[str, Any]] | None:
         """TF Serving's `model_version_status` entries, newest first (None: `version` unknown)."""
         states = dict(self._states)
@@ -142,7 +164,7 @@ class ModelStore:
             wanted = self.policy.select([v for v in on_disk if v not in self._failed])
             if not wanted:  # nothing (usable) on disk: keep serving what is loaded
                 return False
-            changed = False
+            changed = unloaded = False
             while missing := sorted(set(wanted) - set(self._loaded), reverse=True):  # newest first
                 for version in missing:
                     changed |= self._load_one(version)
@@ -151,23 +173,32 @@ class ModelStore:
                 old = self._loaded[version]
                 self._loaded = {v: lv for v, lv in self._loaded.items() if v != version}
                 old.close()  # requests queued there finish there
+                del old  # its weights are freed once the last request on it ends
                 self._states[version] = VersionState("END")
                 log.info("Unloaded version %d of %s.", version, self.base)
                 changed = True
+                unloaded = True
             self._prune()
+        if unloaded:  # glibc keeps the freed weights' pages in its arenas: a reload every 5 min grew
+            trim()    # RSS ~1 MB each (benchmarks/serving_soak.py); flat with malloc_trim
         return changed
 
     def _load_one(self, version: int) -> bool:
         self._states[version] = VersionState("LOADING")
+        start = time.perf_counter()
         try:
             loaded = self._load(version)
         except Exception as e:
             log.exception("Failed to load version %d of %s.", version, self.base)
+            if self.events is not None:
+                self.events.load(join(self.base, str(version)), False, time.perf_counter() - start)
             self._failed.add(version)
             self._states[version] = VersionState("END", f"{type(e).__name__}: {e}")
             return False
         self._loaded = {**self._loaded, version: loaded}
         self._states[version] = VersionState("AVAILABLE")
+        if self.events is not None:
+            self.events.load(join(self.base, str(version)), True, time.perf_counter() - start)
         log.info("Serving version %d of %s.", version, self.base)
         return True
 
@@ -189,7 +220,8 @@ class ModelStore:
                     sig({n: np.zeros([size] + s["shape"][1:], jax.numpy.dtype(s["dtype"]))
                          for n, s in sig.inputs.items()})
             if options.enabled:
-                batchers[name] = Batcher(sig, options, name=f"{version}-{name}")
+                batchers[name] = Batcher(sig, options, name=f"{version}-{name}",
+                                         on_batch=None if self.events is None else self.events.batch)
         return LoadedVersion(version, model, options, batchers)
 
     def _choose_tags(self, path: str) -> Sequence[str]:
