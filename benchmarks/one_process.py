@@ -31,15 +31,10 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from memory import status_mb  # noqa: E402  (VmRSS / VmHWM of this process)
+
 MODES = ("train", "evaluate", "predict")
-
-
-def status_mb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise KeyError(field)
 
 
 def child(kind: str, repeats: int, n: int) -> dict:

@@ -25,6 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tpu_estimator.api.checks import message
 from tpu_estimator.embedding.replica import state_specs as embedding_specs
 from tpu_estimator.embedding.sharded import EmbeddingState
+from tpu_estimator.loops.strategy import equations
 from tpu_estimator.parallel.collectives import data_axis, replica_gather, replica_index, single_replica
 from tpu_estimator.parallel.mesh import DATA, Topology
 
@@ -174,20 +175,10 @@ def check_elementwise(tx: Any, grads: Any, opt_state: Any, params: Any) -> None:
 
 def _reductions(jaxpr: Any) -> set[str]:
     """The reducing primitives of `jaxpr` (nested ones included) applied to arrays, not scalars."""
-    found: set[str] = set()
-    todo = [jaxpr]
-    while todo:
-        j = todo.pop()
-        j = getattr(j, "jaxpr", j)  # ClosedJaxpr -> Jaxpr
-        for eqn in getattr(j, "eqns", ()):
-            if eqn.primitive.name in _REDUCTIONS and any(
-                getattr(getattr(v, "aval", None), "ndim", 0) > 0 for v in eqn.invars
-            ):
-                found.add(eqn.primitive.name)
-            for value in eqn.params.values():
-                items = value if isinstance(value, (tuple, list)) else (value,)
-                todo.extend(v for v in items if hasattr(v, "eqns") or hasattr(getattr(v, "jaxpr", None), "eqns"))
-    return found
+    return {
+        eqn.primitive.name for eqn in equations(jaxpr)
+        if eqn.primitive.name in _REDUCTIONS and any(getattr(getattr(v, "aval", None), "ndim", 0) > 0 for v in eqn.invars)
+    }
 
 
 def _is_spec(x: Any) -> bool:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import jax
 
@@ -35,20 +35,23 @@ log = logging.getLogger("tpu_estimator")
 SLOW_IN_CPU_LOOPS = frozenset({"conv_general_dilated"})
 
 
-def primitives_of(jaxpr: Any) -> frozenset[str]:
-    """Names of every primitive in `jaxpr` (a Jaxpr or ClosedJaxpr), nested ones included
-    (inside pjit, custom_vjp, cond, scan, ...)."""
-    found: set[str] = set()
+def equations(jaxpr: Any) -> Iterator[Any]:
+    """Every equation of `jaxpr` (a Jaxpr or ClosedJaxpr), nested ones included (inside pjit,
+    custom_vjp, cond, scan, ...)."""
     todo = [jaxpr]
     while todo:
         j = todo.pop()
         j = getattr(j, "jaxpr", j)  # ClosedJaxpr -> Jaxpr
         for eqn in getattr(j, "eqns", ()):
-            found.add(eqn.primitive.name)
+            yield eqn
             for value in eqn.params.values():
                 items = value if isinstance(value, (tuple, list)) else (value,)
                 todo.extend(v for v in items if hasattr(v, "eqns") or hasattr(getattr(v, "jaxpr", None), "eqns"))
-    return frozenset(found)
+
+
+def primitives_of(jaxpr: Any) -> frozenset[str]:
+    """Names of every primitive in `jaxpr`, nested ones included (`equations`)."""
+    return frozenset(eqn.primitive.name for eqn in equations(jaxpr))
 
 
 def choose(
