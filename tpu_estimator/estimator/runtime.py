@@ -192,10 +192,11 @@ class Runtime:
         if ref is None:
             return self._after_init(init(*sample))
         abstract = self.traced.abstract  # what restoring checks model_fn's names against
-        saved = self._saved_extras(ref)
+        meta = state_metadata(ref.path)  # read once: the components' and the tables' checks
+        saved = self._saved_extras(ref, meta)
         dropped = bool(saved - {c.name for c in self.model.components})  # a setting turned off
         fresh = [c for c in self.model.components if c.name not in saved]  # optional ones, absent
-        if train and not dropped and not fresh and not self._tables_moved(ref):
+        if train and not dropped and not fresh and not self._tables_moved(ref, meta):
             return ref.checkpointer.restore(ref.step, abstract)
         raw = ref.checkpointer.restore_raw(ref.step)
         if fresh:  # their state starts from `init` of the restored state
@@ -224,14 +225,14 @@ class Runtime:
         state = jax.device_put(state, init.state_shardings.replace(embedding=None))
         return state if embedding is None else state.replace(embedding=embedding)
 
-    def _saved_extras(self, ref: CheckpointRef) -> set[str]:
+    def _saved_extras(self, ref: CheckpointRef, meta: dict[str, Any]) -> set[str]:
         """The components whose state the checkpoint holds; each of this run's must be there
         (but optional ones: model/components.py).
 
         Raises:
           ValueError: a component's state is missing (naming the setting that added it).
         """
-        saved = set(state_metadata(ref.path).get("extras") or {})
+        saved = set(meta.get("extras") or {})
         for c in self.model.components:
             if c.name not in saved and not components.is_optional(c):
                 raise ValueError(
@@ -245,14 +246,13 @@ class Runtime:
                 )
         return saved
 
-    def _tables_moved(self, ref: CheckpointRef) -> bool:
+    def _tables_moved(self, ref: CheckpointRef, meta: dict[str, Any]) -> bool:
         """The checkpoint's embedding tables were sharded over another number of devices or
         another partition strategy (their storage order differs: restoring goes through the
         logical tables)."""
         if self.model.embedding is None:
             return False
         tables = self.model.embedding.tables
-        meta = state_metadata(ref.path)
         layout = embedding_layout(ref.path, meta)
         check_fits(tables.spec, layout, (meta.get("embedding") or {}).get("tables") or {})
         mine = tables.layout_code()
