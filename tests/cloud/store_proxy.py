@@ -3,7 +3,9 @@
 `StoreProxy(upstream)` forwards every request to `upstream` (fake-gcs-server) and
 counts it by kind (`list`, `get` (object metadata), `download`, `upload`,
 `delete`, `copy`, `bucket`, `other`); `fail_every=n` answers every n-th request
-with a 503 instead of forwarding it (the clients' retries must get through).
+with a 503 instead of forwarding it (the clients' retries must get through);
+`gone = True` closes every connection without an answer from then on (a store that
+went away: the clients see the connection dropped).
 Point the clients at `proxy.url` (STORAGE_EMULATOR_HOST, TENSORSTORE_GCS_HTTP_URL)
 before they start: a subprocess's environment is the simple way.
 """
@@ -50,6 +52,7 @@ class StoreProxy:
     def __init__(self, upstream: str, *, fail_every: int = 0) -> None:
         self.upstream = urllib.parse.urlsplit(upstream)
         self.fail_every = fail_every
+        self.gone = False
         self.counts: collections.Counter[str] = collections.Counter()
         self.failed = 0
         self.log: list[tuple[str, str, str]] = []  # (kind, method, path?query) of each forwarded request
@@ -77,6 +80,10 @@ class StoreProxy:
                 return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
             def _forward(self) -> None:
+                if proxy.gone:
+                    self.close_connection = True
+                    self.connection.close()
+                    return
                 body = self._body()
                 with proxy._lock:
                     proxy._n += 1

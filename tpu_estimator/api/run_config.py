@@ -15,6 +15,7 @@ from tpu_estimator.api.checks import (
 from tpu_estimator.api.keywords import suggest_keywords
 from tpu_estimator.api.tf_config import CHIEF, ENV_TF_CONFIG, WORKER, TFConfig
 from tpu_estimator.api.tpu_config import TPUConfig
+from tpu_estimator.storage import check_timeout
 
 _DEFAULT_CHECKPOINT_SECS = 600
 _USE_DEFAULT = object()
@@ -182,6 +183,15 @@ class RunConfig:
         step moves the damaged directory aside to `<step>.damaged`); an
         unreadable input position makes the input start from its beginning,
         with a warning. An explicit `checkpoint_path=` is never replaced.
+      storage_timeout_s: Seconds an object store (`gs://` model_dir) may stay
+        away before a write fails: a checkpoint save, the wait for a background
+        save, a summary flush then raises `CheckpointStorageError` naming the
+        path, whichever meets the failure first (within this plus a tenth of it,
+        at most 5 s more). A store that answers, even slowly or with errors the
+        clients retry, never trips it. None: the environment variable
+        `TPU_ESTIMATOR_STORAGE_TIMEOUT_S`, else 120. Set for the whole process
+        by the estimator built with it (the object-store clients are per
+        process). See docs/cluster.md "A store that stays away".
 
     Raises:
       ValueError, TypeError: on an invalid value, with the fix in the message.
@@ -205,6 +215,7 @@ class RunConfig:
     log_step_count_steps: int | None
     cluster: ClusterConfig | None
     fall_back_to_intact_checkpoint: bool
+    storage_timeout_s: float | None
 
     def __init__(
         self,
@@ -219,6 +230,7 @@ class RunConfig:
         log_step_count_steps: int | None = 100,
         cluster: ClusterConfig | None = None,
         fall_back_to_intact_checkpoint: bool = False,
+        storage_timeout_s: float | None = None,
     ) -> None:
         if save_checkpoints_secs is _USE_DEFAULT:
             save_checkpoints_secs = (
@@ -294,6 +306,7 @@ class RunConfig:
             log_step_count_steps=log_step_count_steps,
             cluster=cluster,
             fall_back_to_intact_checkpoint=fall_back_to_intact_checkpoint,
+            storage_timeout_s=check_timeout(storage_timeout_s),
         )
         for name, value in values.items():
             object.__setattr__(self, name, value)

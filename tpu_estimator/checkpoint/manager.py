@@ -24,6 +24,7 @@ from tpu_estimator.errors import CheckpointStorageError
 from tpu_estimator.checkpoint import integrity
 from tpu_estimator.checkpoint.numpy_read import this_process_alone
 from tpu_estimator.paths import as_uri, join
+from tpu_estimator.storage import bounded
 
 # Orbax (with tensorstore: ~0.2 s and ~230 modules) is imported by the functions that
 # use it, so `import tpu_estimator` does not pay for it before a checkpoint is touched.
@@ -42,10 +43,16 @@ def check_writable(directory: str) -> None:
     """
     path = epath.Path(directory)
     probe = path / f".tpu_estimator_probe_{os.getpid()}_{uuid.uuid4().hex}"
-    try:
+
+    def write_and_delete() -> None:
         path.mkdir(parents=True, exist_ok=True)
         probe.write_text("probe")
         probe.unlink()
+
+    try:
+        bounded(write_and_delete, uri=str(directory), what="checking that model_dir is writable")
+    except CheckpointStorageError:
+        raise
     except Exception as e:  # OSError locally; object stores raise their own
         raise CheckpointStorageError(
             message(
@@ -86,6 +93,7 @@ class Checkpointer:
         self.directory = as_uri(directory, arg="model_dir")
         self._uncommitted: collections.deque[tuple[int, bool]] = collections.deque()  # (step, input?)
         self._saving: int | None = None  # the step of the background save not yet waited for
+        self._store_away = False  # the store stopped answering: Orbax's threads are stuck in it
         keep_time = (
             datetime.timedelta(hours=keep_every_n_hours)
             if keep_every_n_hours and keep_every_n_hours < 10000
@@ -150,10 +158,15 @@ class Checkpointer:
         if primary:
             self._uncommitted.append((step, input_state is not None))
         try:
-            started = bool(self._manager.save(step, args=ocp.args.Composite(**items), force=True))
+            started = bool(self._bounded(
+                lambda: self._manager.save(step, args=ocp.args.Composite(**items), force=True),
+                f"saving checkpoint {step}",
+            ))
         except BaseException as e:
             if primary:
                 self._uncommitted.pop()
+            if isinstance(e, CheckpointStorageError):
+                raise
             if isinstance(e, OSError):  # e.g. a file where the step's directory goes
                 raise self._storage_error(e, step) from e
             raise
@@ -201,7 +214,9 @@ class Checkpointer:
           CheckpointStorageError: a background save failed (the storage refused it).
         """
         try:
-            self._manager.wait_until_finished()
+            self._bounded(self._manager.wait_until_finished, f"waiting for checkpoint {self._saving}")
+        except CheckpointStorageError:
+            raise
         except Exception as e:
             raise self._storage_error(e, self._saving) from e
         self._saving = None
@@ -209,13 +224,29 @@ class Checkpointer:
     def close(self) -> None:
         """Waits for background saves, then ends Orbax's threads.
 
+        Once the store has stayed away past the deadline (an error raised already) it does
+        not wait: Orbax's threads are left to end with their clients' own retries.
+
         Raises:
           CheckpointStorageError: a background save failed.
         """
+        if self._store_away:
+            return
         try:
-            self._manager.close()
+            self._bounded(self._manager.close, "closing the checkpoint manager")
+        except CheckpointStorageError:
+            raise
         except Exception as e:
             raise self._storage_error(e, self._saving) from e
+
+    def _bounded(self, fn: Any, what: str) -> Any:
+        """`fn()`, failing with CheckpointStorageError once the store stays away past
+        `storage_timeout_s` (tpu_estimator/storage.py)."""
+        try:
+            return bounded(fn, uri=self.directory, what=what)
+        except CheckpointStorageError:
+            self._store_away = True
+            raise
 
     def _storage_error(self, error: BaseException, step: int | None = None) -> CheckpointStorageError:
         what = "a checkpoint" if step is None else f"checkpoint {step}"

@@ -40,6 +40,7 @@ from tpu_estimator.model.spec_view import SpecView, view_spec
 from tpu_estimator.model.state import TrainState
 from tpu_estimator.parallel.layout import DataLayout
 from tpu_estimator.parallel.mesh import Topology
+from tpu_estimator import storage
 from tpu_estimator.paths import as_uri
 
 log = logging.getLogger("tpu_estimator")
@@ -87,6 +88,8 @@ class Core:
         self.model_fn = model_fn
         self.model_fn_args = model_fn_args
         self.config = config
+        if config.storage_timeout_s is not None:  # the store clients are per process
+            storage.set_timeout_s(config.storage_timeout_s)
         self.params: Mapping[str, Any] = MappingProxyType(dict(params))
         self.use_tpu = bool(use_tpu)
         self.eval_on_tpu = bool(eval_on_tpu)

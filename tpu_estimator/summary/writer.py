@@ -32,6 +32,7 @@ from etils import epath
 from tpu_estimator.api.checks import message
 from tpu_estimator.errors import CheckpointStorageError
 from tpu_estimator.paths import as_uri, is_local
+from tpu_estimator.storage import wait_for
 
 UPLOAD_SECS = 30.0  # an object-store logdir gets the events at least this often
 _files = itertools.count()  # event file names: `<tensorboardX's>.<pid>.<counter>`, sorting in order
@@ -87,15 +88,14 @@ class FileWriter:
         next write starts a new one, which TensorBoard reads as the same run).
 
         Raises:
-          CheckpointStorageError: naming the logdir, when a write since the last flush failed.
+          CheckpointStorageError: naming the logdir, when a write since the last flush failed,
+            or the object store did not answer for `storage_timeout_s` (RunConfig).
         """
         if self._thread is None:
             return
         done = threading.Event()
         self._put(done)
-        while not done.wait(0.1):
-            if not self._thread.is_alive():
-                break
+        wait_for(done, uri=self.logdir, what="writing summaries", alive=self._thread.is_alive)
         if self._error is not None:
             error, self._error = self._error, None
             raise CheckpointStorageError(

@@ -1,0 +1,84 @@
+"""A store that stays away mid-save (run as a script by test_store_away.py).
+
+`python tests/cloud/store_away_job.py EMULATOR_URL GS_BASE TIMEOUT_S [CASES]` puts a proxy
+(store_proxy.py) in front of the emulator and trains the small cloud model with
+`RunConfig(storage_timeout_s=TIMEOUT_S)` twice, on fresh directories under GS_BASE:
+
+  * "503": from checkpoint 4's save on (a listener's before_save), every request is
+    answered 503 (the store is up but refuses everything): the save itself meets it;
+  * "gone": after checkpoint 4's save started (after_save), the proxy drops every
+    connection unanswered (the store is gone): the background save and the wait meet it.
+
+Prints one JSON line `RESULT {case: {error, message, seconds}}`: the exception type
+train() raised, its message, and the seconds from the store going away to the raise.
+Ends with os._exit (unless STORE_AWAY_NATURAL_EXIT=1): Orbax's save thread (not a
+daemon) may still be in its clients' own retries, which Python waits for at exit
+(docs/cluster.md). TIMEOUT_S `none` leaves the setting out (the default; also how
+the code before the setting behaved, for a comparison run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.abspath(os.path.join(_HERE, "..", "..")))
+sys.path.insert(0, _HERE)
+
+from store_proxy import StoreProxy  # noqa: E402
+
+
+def run(case: str, proxy: StoreProxy, model_dir: str, timeout_s: float | None) -> dict:
+    import cloud_model as cm
+    import tpu_estimator as te
+
+    went: dict[str, float] = {}
+
+    class GoAway(te.CheckpointSaverListener):
+        def before_save(self, session, global_step_value):
+            if case == "503" and global_step_value == 4:
+                went["at"] = time.monotonic()
+                proxy.fail_every = 1  # every request from now on: 503
+
+        def after_save(self, session, global_step_value):
+            if case == "gone" and global_step_value == 4:
+                went["at"] = time.monotonic()
+                proxy.gone = True  # the store is gone: every connection dropped unanswered
+
+    deadline = {} if timeout_s is None else {"storage_timeout_s": timeout_s}
+    cfg = te.RunConfig(
+        model_dir=model_dir, tpu_config=te.TPUConfig(iterations_per_loop=1), save_checkpoints_steps=4,
+        save_summary_steps=1, tf_random_seed=0, log_step_count_steps=None, **deadline,
+    )
+    est = te.TPUEstimator(cm.model_fn, config=cfg, train_batch_size=16, eval_batch_size=16)
+    try:
+        est.train(cm.train_input_fn, max_steps=12, saving_listeners=[GoAway()])
+    except Exception as e:  # noqa: BLE001 - reported
+        first = e.__context__ if isinstance(e.__context__, te.CheckpointStorageError) else None
+        return {"error": type(e).__name__, "message": str(e),
+                "while_handling": str(first) if first is not None else None,
+                "seconds": round(time.monotonic() - went["at"], 2) if went else None}
+    return {"error": None, "message": "", "seconds": None}
+
+
+def main(upstream: str, base: str, timeout_s: float | None, cases: list[str]) -> None:
+    proxy = StoreProxy(upstream)
+    os.environ.update({"STORAGE_EMULATOR_HOST": proxy.url, "TENSORSTORE_GCS_HTTP_URL": proxy.url})
+    out = {}
+    for case in cases:
+        proxy.fail_every = 0
+        start = time.monotonic()
+        out[case] = run(case, proxy, f"{base}/{case}", timeout_s)
+        out[case]["call_seconds"] = round(time.monotonic() - start, 1)
+    print("RESULT " + json.dumps(out), flush=True)
+    sys.stderr.flush()
+    if os.environ.get("STORE_AWAY_NATURAL_EXIT") != "1":
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], None if sys.argv[3] == "none" else float(sys.argv[3]),
+         sys.argv[4].split(",") if len(sys.argv) > 4 else ["503", "gone"])

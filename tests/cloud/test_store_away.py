@@ -1,0 +1,42 @@
+"""A store that stays away: train() raises CheckpointStorageError naming the gs:// path
+within RunConfig(storage_timeout_s) plus its probe interval, whichever writer meets it.
+
+The job (store_away_job.py) runs in its own process behind a proxy that, mid-run,
+answers 503 to every request, or drops every connection unanswered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tpu_estimator import storage
+
+JOB = os.path.join(os.path.dirname(__file__), "store_away_job.py")
+TIMEOUT_S = 3.0
+# The deadline, one probe interval (a tenth of it) for the probe that finds the store
+# away, and slack for a loaded 2-core machine (the waits poll every interval).
+MARGIN_S = storage.probe_interval(TIMEOUT_S) * 2 + 2.0
+
+
+@pytest.fixture(scope="module")
+def results(gcs_server, gs_module_dir):
+    out = subprocess.run([sys.executable, JOB, gcs_server, gs_module_dir, str(TIMEOUT_S)],
+                         capture_output=True, text=True, timeout=300)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    assert out.returncode == 0 and lines, out.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.parametrize("case", ["503", "gone"])
+def test_a_store_that_stays_away_ends_train_within_the_deadline(results, gs_module_dir, case):
+    r = results[case]
+    assert r["error"] == "CheckpointStorageError", r
+    assert f"path='{gs_module_dir}/{case}'" in r["message"], r
+    assert "did not answer for 3 s (storage_timeout_s)" in r["message"], r
+    assert "storage_timeout_s=" in r["message"]  # the fix names the setting
+    assert TIMEOUT_S <= r["seconds"] <= TIMEOUT_S + MARGIN_S, r

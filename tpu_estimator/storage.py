@@ -1,0 +1,214 @@
+"""One deadline for an object store that stays away: `storage_timeout_s`.
+
+The writers of a run reach the store through several clients, each with its own
+retries: gcsfs (metadata, Orbax's small files, event files, our digests: 6 tries
+over ~31-36 s, not settable), TensorStore (Orbax's array data: up to 32 tries
+with backoff up to 32 s, ~15 min; its context is built inside Orbax, so not
+settable through Orbax's public API). Instead of tuning each, every place where
+the caller waits on the store (a checkpoint save, the wait for a background save,
+closing the manager, a summary flush, the writable check) waits through
+`wait_for`/`bounded`: while it waits longer than a probe interval, it asks the
+store for its bucket (one small request) every interval; once the store has not
+answered for `timeout_s()` seconds in a row it raises `CheckpointStorageError`
+naming the path. A store that answers (a slow but healthy save, transient
+errors the clients retry) never trips it. Local paths are not probed.
+
+The setting, in order: `RunConfig(storage_timeout_s=...)` (the newest estimator
+built with one sets it for the process: the clients are per process), the
+environment variable `TPU_ESTIMATOR_STORAGE_TIMEOUT_S`, else 120 s (the total
+retry deadline of Google's own storage client, `google.cloud.storage.retry`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from typing import Any, Callable
+
+from tpu_estimator.api.checks import message
+from tpu_estimator.errors import CheckpointStorageError
+
+__all__ = ["ENV", "DEFAULT_S", "check_timeout", "set_timeout_s", "timeout_s", "probe_interval",
+           "wait_for", "bounded"]
+
+ENV = "TPU_ESTIMATOR_STORAGE_TIMEOUT_S"
+DEFAULT_S = 120.0
+_MAX_INTERVAL = 5.0
+_chosen: float | None = None
+# store root (scheme://bucket) -> [since when it has not answered, when that was last seen]
+_away: dict[str, list[float]] = {}
+_STORE = re.compile(r"^(?!file://)[A-Za-z][A-Za-z0-9+.-]*://")  # a URI other than file://
+
+
+def _local(uri: str) -> bool:
+    # (paths.is_local's rule; paths sits beside this module, so it is not imported)
+    return _STORE.match(str(uri)) is None
+
+
+def check_timeout(value: Any, *, arg: str = "storage_timeout_s") -> float | None:
+    """`value` as seconds (None stays None).
+
+    Raises:
+      ValueError: not a number of seconds >= 1.
+    """
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+        ok = not isinstance(value, bool) and seconds >= 1 and seconds != float("inf")
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            message(
+                f"`{arg}` must be a number of seconds >= 1 (how long an object store may stay "
+                "away before a write fails), or None for the default.",
+                f"{arg}={value!r}",
+                f"Pass e.g. {arg}=120.",
+            )
+        )
+    return seconds
+
+
+def set_timeout_s(value: float | None) -> None:
+    """Sets the process's deadline (None: back to the environment / the default)."""
+    global _chosen
+    _chosen = check_timeout(value)
+
+
+def timeout_s() -> float:
+    """The deadline in seconds: the one set, else TPU_ESTIMATOR_STORAGE_TIMEOUT_S, else 120."""
+    if _chosen is not None:
+        return _chosen
+    env = os.environ.get(ENV)
+    return check_timeout(env, arg=ENV) if env else DEFAULT_S
+
+
+def probe_interval(timeout: float) -> float:
+    """Seconds between probes (and before the first): a tenth of the deadline, 0.2-5 s."""
+    return min(max(timeout / 10, 0.2), _MAX_INTERVAL)
+
+
+def _root(uri: str) -> str:
+    scheme, _, rest = str(uri).partition("://")
+    return f"{scheme}://{rest.split('/')[0]}"
+
+
+class _Probe:
+    """Asks the store for `uri`'s bucket on a daemon thread, one request at a time."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.root = _root(uri)
+        self.started: float | None = None  # when the running probe was sent
+        self.answered: bool | None = None  # the last finished probe's outcome
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+        self._thread = threading.Thread(target=self._ask, name=f"store-probe:{self.uri}", daemon=True)
+        self._thread.start()
+
+    def _ask(self) -> None:
+        import fsspec
+
+        try:
+            fs, path = fsspec.core.url_to_fs(self.uri)
+            fs.info(path.split("/")[0])  # the bucket: one small request
+            self.answered, self.error = True, None
+        except FileNotFoundError:
+            self.answered, self.error = True, None  # the store answered
+        except Exception as e:  # noqa: BLE001 - any failure is "no answer"
+            self.answered, self.error = False, e
+
+
+def wait_for(done: threading.Event, *, uri: str, what: str,
+             alive: Callable[[], bool] | None = None) -> None:
+    """Blocks until `done` is set (or `alive()` turns False), probing `uri`'s store meanwhile.
+
+    Raises:
+      CheckpointStorageError: the store did not answer for `timeout_s()` seconds in a row.
+    """
+    if _local(uri):
+        while not done.wait(0.1):
+            if alive is not None and not alive():
+                return
+        return
+    timeout = timeout_s()
+    interval = probe_interval(timeout)
+    probe = _Probe(uri)
+    # Shared by the waits of this process: a store found away by an earlier wait (that
+    # recently) is probed at once, and the deadline counts from when it stopped answering.
+    seen = _away.get(probe.root)
+    if seen is not None and time.monotonic() - seen[1] > timeout:
+        _away.pop(probe.root, None)  # stale: not seen away for a whole deadline
+    known_away = probe.root in _away
+    unanswered = False  # a probe of this wait failed or went unanswered for an interval
+
+    def away(since: float, now: float) -> None:
+        _away.setdefault(probe.root, [since, now])[1] = now
+
+    while not done.wait(0 if known_away and probe.started is None else interval):
+        if alive is not None and not alive():
+            return
+        now = time.monotonic()
+        if probe.running():
+            if now - probe.started >= interval:  # unanswered for an interval: away since sent
+                away(probe.started, now)
+                unanswered = True
+        else:
+            if probe.started is not None:
+                if probe.answered:
+                    _away.pop(probe.root, None)
+                    unanswered = False
+                else:
+                    away(probe.started, now)
+                    unanswered = True
+            probe.start()
+        since = _away.get(probe.root, [None])[0]
+        if unanswered and since is not None and now - since >= timeout:
+            cause = f"; last error: {type(probe.error).__name__}: {probe.error}" if probe.error else ""
+            raise CheckpointStorageError(
+                message(
+                    f"The object store did not answer for {timeout:g} s (storage_timeout_s) while "
+                    f"{what}.",
+                    f"path={uri!r}{cause}",
+                    "Check that the store is reachable and the bucket exists, then run again "
+                    "(training resumes from the newest checkpoint). To wait longer for a store "
+                    f"that comes back, raise RunConfig(storage_timeout_s=...) or {ENV}.",
+                )
+            )
+
+
+def bounded(fn: Callable[[], Any], *, uri: str, what: str) -> Any:
+    """`fn()`, run on a daemon thread when `uri` is on an object store, and waited for with
+    `wait_for`: its result, or its exception re-raised.
+
+    Raises:
+      CheckpointStorageError: the store did not answer for `timeout_s()` seconds in a row
+        (`fn` is left running on its thread).
+    """
+    if _local(uri):
+        return fn()
+    done = threading.Event()
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            out["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"store-write:{uri}", daemon=True).start()
+    wait_for(done, uri=uri, what=what)
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
