@@ -2,6 +2,11 @@
 
     .venv/bin/python scripts/failure_campaign.py [--timeout 120] [-k substring]
 
+The "gs://" cases train on fake-gcs-server (tests/cloud's emulator) behind a proxy
+that, mid-run, answers 503 to everything or drops every connection; they report the
+time from the fault to train()'s CheckpointStorageError and the requests sent to the
+store meanwhile. The others use local disk (no requests to count).
+
 The "4 processes" cases start 4 processes of 2 CPU devices each (lost host
 deadline `lost_host_timeout_s=10`), each case in its own process with a hard
 timeout (900 s); they report the time from the fault to the last process's exit.
@@ -400,6 +405,55 @@ def run_cluster_case(name: str, timeout: float) -> tuple[str, str, str]:
     return outcome, f"{float(secs):.1f} s", lost
 
 
+# --- the object store (fake-gcs-server behind a proxy, tests/cloud): requests counted ----
+
+STORE_TIMEOUT_S = 10.0  # RunConfig(storage_timeout_s) of these cases
+STORE_CASES = {
+    "gs:// store answers 503 to everything from a save on": "503",
+    "gs:// store gone (connections dropped) mid-save": "gone",
+}
+
+
+def run_store_cases(names: list[str], timeout: float) -> dict[str, tuple[str, ...]]:
+    """Runs tests/cloud/store_away_job.py (both cases in one process, hard timeout) against
+    a fresh emulator: name -> (outcome, seconds from the fault to the raise, requests sent
+    meanwhile, the newest checkpoint once the store is back, detail)."""
+    import json
+    import uuid
+
+    sys.path.insert(0, str(ROOT))
+    from tests.cloud import conftest
+
+    cases = [STORE_CASES[n] for n in names]
+    with tempfile.TemporaryDirectory() as d:
+        server, url = conftest._start(os.path.join(d, "server.log"))
+        env = dict(os.environ, TENSORSTORE_GCS_HTTP_VERSION="1", GOOGLE_AUTH_TOKEN_FOR_TESTING="emulator",
+                   GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false", NO_GCE_CHECK="true", JAX_PLATFORMS="cpu")
+        try:
+            out = subprocess.run(
+                [sys.executable, str(ROOT / "tests" / "cloud" / "store_away_job.py"), url,
+                 f"gs://{conftest.BUCKET}/{uuid.uuid4().hex[:8]}", str(STORE_TIMEOUT_S), ",".join(cases)],
+                capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+        except subprocess.TimeoutExpired:
+            return {n: ("HANG", f"killed after {timeout:.0f} s", "?", "?", "") for n in names}
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    if out.returncode != 0 or not lines:
+        tail = (out.stderr.strip().splitlines() or [""])[-1][:160]
+        return {n: ("RAW (the case failed)", "", "?", "?", tail) for n in names}
+    results = json.loads(lines[-1][len("RESULT "):])
+    table = {}
+    for name in names:
+        r = results[STORE_CASES[name]]
+        ours = r["error"] in OURS
+        outcome = f"error {r['error']}" if ours else f"RAW {r['error']}"
+        table[name] = (outcome, f"{r['seconds']} s", str(r["requests"]),
+                       f"store back: newest checkpoint {r['latest_after']}", r["message"][:120])
+    return table
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timeout", type=float, default=120)
@@ -430,6 +484,11 @@ def main() -> int:
         bad += outcome.startswith(("HANG", "RAW"))
         print(f"| {name} | {outcome} | {secs} after the fault | - (local disk) | {lost.replace('|', '/')} | |",
               flush=True)
+    store = [name for name in STORE_CASES if args.k in name]
+    for name, (outcome, secs, requests, lost, detail) in (run_store_cases(store, 600) if store else {}).items():
+        bad += outcome.startswith(("HANG", "RAW"))
+        print(f"| {name} | {outcome} | {secs} after the fault (storage_timeout_s={STORE_TIMEOUT_S:g}) | "
+              f"{requests} (503 or dropped) | {lost} | {detail.replace('|', '/')} |", flush=True)
     print(f"{bad} case(s) hung or ended in a raw traceback")
     return 1 if bad else 0
 

@@ -9,8 +9,10 @@
   * "gone": after checkpoint 4's save started (after_save), the proxy drops every
     connection unanswered (the store is gone): the background save and the wait meet it.
 
-Prints one JSON line `RESULT {case: {error, message, seconds}}`: the exception type
-train() raised, its message, and the seconds from the store going away to the raise.
+Prints one JSON line `RESULT {case: {error, message, seconds, requests, ...}}`: the
+exception type train() raised, its message, the seconds from the store going away to
+the raise, the requests sent to the store meanwhile (answered 503 or dropped), and
+`latest_after`: the newest checkpoint a new estimator finds once the store is back.
 Ends with os._exit (unless STORE_AWAY_NATURAL_EXIT=1): Orbax's save thread (not a
 daemon) may still be in its clients' own retries, which Python waits for at exit
 (docs/cluster.md). TIMEOUT_S `none` leaves the setting out (the default; also how
@@ -40,12 +42,12 @@ def run(case: str, proxy: StoreProxy, model_dir: str, timeout_s: float | None) -
     class GoAway(te.CheckpointSaverListener):
         def before_save(self, session, global_step_value):
             if case == "503" and global_step_value == 4:
-                went["at"] = time.monotonic()
+                went["at"], went["arrived"] = time.monotonic(), proxy.arrived
                 proxy.fail_every = 1  # every request from now on: 503
 
         def after_save(self, session, global_step_value):
             if case == "gone" and global_step_value == 4:
-                went["at"] = time.monotonic()
+                went["at"], went["arrived"] = time.monotonic(), proxy.arrived
                 proxy.gone = True  # the store is gone: every connection dropped unanswered
 
     deadline = {} if timeout_s is None else {"storage_timeout_s": timeout_s}
@@ -58,10 +60,18 @@ def run(case: str, proxy: StoreProxy, model_dir: str, timeout_s: float | None) -
         est.train(cm.train_input_fn, max_steps=12, saving_listeners=[GoAway()])
     except Exception as e:  # noqa: BLE001 - reported
         first = e.__context__ if isinstance(e.__context__, te.CheckpointStorageError) else None
-        return {"error": type(e).__name__, "message": str(e),
-                "while_handling": str(first) if first is not None else None,
-                "seconds": round(time.monotonic() - went["at"], 2) if went else None}
-    return {"error": None, "message": "", "seconds": None}
+        out = {"error": type(e).__name__, "message": str(e),
+               "while_handling": str(first) if first is not None else None,
+               "seconds": round(time.monotonic() - went["at"], 2) if went else None,
+               "requests": proxy.arrived - went["arrived"] if went else None}
+    else:
+        out = {"error": None, "message": "", "seconds": None, "requests": None}
+    # The store comes back: which checkpoint does a new estimator find?
+    proxy.fail_every, proxy.gone = 0, False
+    fresh = te.TPUEstimator(cm.model_fn, config=cfg, train_batch_size=16, eval_batch_size=16)
+    latest = fresh.latest_checkpoint()
+    out["latest_after"] = None if latest is None else int(latest.rsplit("/", 1)[-1])
+    return out
 
 
 def main(upstream: str, base: str, timeout_s: float | None, cases: list[str]) -> None:

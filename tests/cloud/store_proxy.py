@@ -53,6 +53,7 @@ class StoreProxy:
         self.upstream = urllib.parse.urlsplit(upstream)
         self.fail_every = fail_every
         self.gone = False
+        self.arrived = 0  # every request that reached the proxy: forwarded, 503'd or dropped
         self.counts: collections.Counter[str] = collections.Counter()
         self.failed = 0
         self.log: list[tuple[str, str, str]] = []  # (kind, method, path?query) of each forwarded request
@@ -80,6 +81,8 @@ class StoreProxy:
                 return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
             def _forward(self) -> None:
+                with proxy._lock:
+                    proxy.arrived += 1
                 if proxy.gone:
                     self.close_connection = True
                     self.connection.close()
