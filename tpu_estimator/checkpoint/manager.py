@@ -180,6 +180,8 @@ class Checkpointer:
     def _write_digests(self) -> None:
         """Orbax's post-finalization callback (process 0, saves in order): the digests of the
         step it is about to commit."""
+        if not self._uncommitted:  # a save given up on (the store stayed away) commits late
+            return
         step, input_saved = self._uncommitted.popleft()
         integrity.commit_digests(self.directory, step, input_saved=input_saved)
 
