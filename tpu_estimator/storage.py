@@ -120,7 +120,9 @@ class _Probe:
 
         try:
             fs, path = fsspec.core.url_to_fs(self.uri)
-            fs.info(path.split("/")[0])  # the bucket: one small request
+            bucket = path.split("/")[0]
+            fs.invalidate_cache(bucket)  # asked of the store, never answered from a cache
+            fs.info(bucket)  # one small request
             self.answered, self.error = True, None
         except FileNotFoundError:
             self.answered, self.error = True, None  # the store answered

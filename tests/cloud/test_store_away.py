@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
+import time
 import sys
 
 import pytest
@@ -40,3 +42,19 @@ def test_a_store_that_stays_away_ends_train_within_the_deadline(results, gs_modu
     assert "did not answer for 3 s (storage_timeout_s)" in r["message"], r
     assert "storage_timeout_s=" in r["message"]  # the fix names the setting
     assert TIMEOUT_S <= r["seconds"] <= TIMEOUT_S + MARGIN_S, r
+
+
+def test_a_store_that_answers_never_trips_the_deadline(gs_dir):
+    """A wait 2.5 deadlines long on a healthy store: every probe is answered."""
+    from tpu_estimator.checkpoint import listing
+
+    listing.write_bytes(gs_dir, "x", b"x")  # the client made (~1 s), as a save would have it
+    storage.set_timeout_s(2)  # a probe every 0.2 s
+    try:
+        done = threading.Event()
+        threading.Timer(5, done.set).start()
+        start = time.monotonic()
+        storage.wait_for(done, uri=gs_dir, what="a long save")
+        assert time.monotonic() - start >= 4.9
+    finally:
+        storage.set_timeout_s(None)
