@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from tpu_estimator.paths import as_path, is_local
+from tpu_estimator.storage import bounded
 from tpu_estimator.summary.writer import write_scalars
 
 RESULTS_FILE = "eval_results.jsonl"
@@ -29,7 +30,11 @@ def _plain(value: Any) -> Any:
 
 
 def record_eval(eval_dir: str, step: int, results: Mapping[str, Any]) -> None:
-    """Writes the scalar results of one evaluation at `step` (process 0 only)."""
+    """Writes the scalar results of one evaluation at `step` (process 0 only).
+
+    Raises:
+      CheckpointStorageError: an object store did not answer for `storage_timeout_s`.
+    """
     if jax.process_index() != 0:
         return
     write_scalars(eval_dir, step, {k: v for k, v in results.items() if k != "global_step"})
@@ -42,8 +47,9 @@ def record_eval(eval_dir: str, step: int, results: Mapping[str, Any]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
             f.write(line)
-    else:
-        path.write_text((path.read_text() if path.exists() else "") + line)
+    else:  # (gcsfs' own retries take ~31 s and more: the deadline is storage_timeout_s)
+        bounded(lambda: path.write_text((path.read_text() if path.exists() else "") + line),
+                uri=str(path), what=f"writing {RESULTS_FILE}")
 
 
 def read_eval_results(eval_dir: str) -> dict[int, dict[str, float]]:
