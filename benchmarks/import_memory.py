@@ -3,13 +3,15 @@
     with ImportMemory() as imports:
         ...  # imports (at start-up or lazily, inside calls)
     imports.by_package()  # {"jax": 131.0, "tensorstore": 14.2, ...} MB: each package's own
-    imports.inclusive()   # {"tensorboardX": 27.0, ...}: with all it imported that was not loaded yet
+    imports.roots()       # {"tensorboardX": 23.0, ...}: imports begun outside any other, with
+                          # all they loaded (what importing each cost the process)
 
 A finder first on `sys.meta_path` wraps each module's loader: VmRSS is read before
 and after the module is created (an extension's shared library is mapped then) and
 executed. A module's own share is that difference less what the modules it imported
-meanwhile took; the shares are summed per top-level package. A package's inclusive figure
-also counts the packages first loaded while it loaded (what importing it costs). Only this process's
+meanwhile took; the shares are summed per top-level package. An import begun outside any
+other (at a module's top level or lazily in a function) is a root: its figure counts all
+it loaded that was not loaded yet. Only this process's
 imports are seen, and only while the block is open; memory that another thread
 allocates during an import is counted to that import (imports at start-up run alone).
 """
@@ -52,7 +54,7 @@ class ImportMemory(importlib.abc.MetaPathFinder):
 
     def __init__(self) -> None:
         self.totals: dict[str, float] = collections.defaultdict(float)
-        self.including: dict[str, float] = collections.defaultdict(float)
+        self.rooted: dict[str, float] = collections.defaultdict(float)
         self._children: list[float] = []  # per open measurement: what nested imports took
         self._tops: list[str] = []  # per open measurement: its top-level package
         self._busy = False
@@ -89,16 +91,16 @@ class ImportMemory(importlib.abc.MetaPathFinder):
             self.totals[top] += took - nested
             if self._children:
                 self._children[-1] += took
-            if top not in self._tops:  # the outermost module of its package
-                self.including[top] += took
+            if not self._tops:  # a root: imported from code that is no import
+                self.rooted[top] += took
 
     def by_package(self) -> dict[str, float]:
         """{top-level package: MB}, largest first."""
         return dict(sorted(self.totals.items(), key=lambda kv: -kv[1]))
 
-    def inclusive(self) -> dict[str, float]:
-        """{top-level package: MB with what it imported}, largest first."""
-        return dict(sorted(self.including.items(), key=lambda kv: -kv[1]))
+    def roots(self) -> dict[str, float]:
+        """{top-level package of a root import: MB with all it loaded}, largest first."""
+        return dict(sorted(self.rooted.items(), key=lambda kv: -kv[1]))
 
     def __enter__(self) -> "ImportMemory":
         sys.meta_path.insert(0, self)

@@ -1,6 +1,7 @@
 """One process doing train, evaluate and predict, as an outside harness measures it.
 
     .venv/bin/python benchmarks/one_process.py [--rounds 6] [--repeats 5] [--batches 220]
+        [--ipl 100] [--kinds estimator hand-scan hand-step] [--without google.cloud.storage]
 
 The shape of run an outside harness used (issue 21): 1 CPU device, the MLP
 784-512-512-10 at batch 256, Adam, `iterations_per_loop=100`, 220 batches per
@@ -23,6 +24,11 @@ ratio estimator / the lighter hand-written process (target <= 1.25); where each
 process's memory goes (VmRSS, and VmHWM so far, after `import jax`, after the other
 imports, after building the batches, after each mode's first call, at the end); and
 what each package the estimator's process imported added (benchmarks/import_memory.py).
+
+To see what a part costs: `--without MODULE` makes MODULE unimportable in the children
+(what an install without it saves, e.g. google.cloud.storage, which tensorboardX imports
+when installed); `MALLOC_ARENA_MAX=1` in the environment reaches the children (glibc's
+per-thread arenas); `--ipl` changes iterations_per_loop and the hand-written scan block.
 """
 
 from __future__ import annotations
@@ -51,9 +57,12 @@ def status_mb(field: str) -> float:
     raise KeyError(field)
 
 
-def child(kind: str, repeats: int, n: int) -> dict:
+def child(kind: str, repeats: int, n: int, ipl: int, without: list[str]) -> dict:
     """Runs one kind in this fresh process; returns its times and memory."""
     from import_memory import ImportMemory
+
+    for name in without:
+        sys.modules[name] = None  # `import name` raises ImportError
 
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -80,10 +89,10 @@ def child(kind: str, repeats: int, n: int) -> dict:
         batches = make_batches(MLP["shape"], MLP["batch"], n, MLP["pool"])
         mark("batches")
         if kind == "estimator":
-            est = loops.build_estimator(loops.WORKLOADS["mlp"], "metric_fn")
+            est = loops.build_estimator(dict(loops.WORKLOADS["mlp"], ipl=ipl), "metric_fn")
             calls = {mode: (lambda m: lambda: loops.estimator_call(est, m, batches))(mode) for mode in MODES}
         else:
-            calls = hand_script.programs(kind.split("-")[1], batches, MLP["ipl"])
+            calls = hand_script.programs(kind.split("-")[1], batches, ipl)
         for mode in MODES:  # warm-up: every program compiled once (lazy imports included)
             calls[mode]()
             mark(f"first {mode}")
@@ -95,11 +104,12 @@ def child(kind: str, repeats: int, n: int) -> dict:
             times[mode].append(time.perf_counter() - t)
     mark("end")
     return {"times": times, "peak_mb": status_mb("VmHWM"), "marks": marks, "imports": imports.by_package(),
-            "inclusive": imports.inclusive()}
+            "roots": imports.roots()}
 
 
 def run_child(kind: str, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, __file__, "--child", kind, "--repeats", str(args.repeats), "--batches", str(args.batches)]
+    cmd = [sys.executable, __file__, "--child", kind, "--repeats", str(args.repeats), "--batches", str(args.batches),
+           "--ipl", str(args.ipl), "--without", *args.without]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, check=False)
     if out.returncode != 0:
         raise SystemExit(f"{kind} child failed:\n{out.stderr[-3000:]}")
@@ -123,57 +133,64 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--batches", type=int, default=220)
+    p.add_argument("--ipl", type=int, default=MLP["ipl"], help="iterations_per_loop and the hand scan's block")
+    p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
+                   help="the estimator and at least one hand-written form")
+    p.add_argument("--without", nargs="*", default=[], metavar="MODULE", help="made unimportable in the children")
     p.add_argument("--child", choices=KINDS)
     args = p.parse_args()
     sys.path.insert(0, HERE)
     if args.child:
-        print(json.dumps(child(args.child, args.repeats, args.batches)))
+        print(json.dumps(child(args.child, args.repeats, args.batches, args.ipl, args.without)))
         return 0
+    kinds = [k for k in KINDS if k in args.kinds]
+    hands = kinds[1:]
+    if kinds[0] != "estimator" or not hands:
+        p.error(f"--kinds needs the estimator and a hand-written form; Received: --kinds {' '.join(args.kinds)}")
     ratios = {mode: [] for mode in MODES}
-    peaks = {kind: [] for kind in KINDS}
+    peaks = {kind: [] for kind in kinds}
     last = {}
     for r in range(args.rounds):
-        order = KINDS[r % 3:] + KINDS[: r % 3]  # each kind first, second and third in turn
+        order = kinds[r % len(kinds):] + kinds[: r % len(kinds)]  # each kind first, second ... in turn
         got = {kind: run_child(kind, args) for kind in order}
         line = [f"round {r + 1} ({', '.join(order)})"]
         for mode in MODES:
             est = got["estimator"]["times"][mode]
-            new = [min(got[h]["times"][mode][i] for h in KINDS[1:]) / e for i, e in enumerate(est)]
+            new = [min(got[h]["times"][mode][i] for h in hands) / e for i, e in enumerate(est)]
             ratios[mode].extend(new)
             line.append(f"{mode} {statistics.median(new):.3f}")
-        for kind in KINDS:
+        for kind in kinds:
             peaks[kind].append(got[kind]["peak_mb"])
-        line.append("peak RSS " + " / ".join(f"{got[k]['peak_mb']:.0f}" for k in KINDS) + " MB")
+        line.append("peak RSS " + " / ".join(f"{got[k]['peak_mb']:.0f}" for k in kinds) + " MB")
         print("; ".join(line), flush=True)
         last = got
-    print(f"\n{args.rounds} rounds x {args.repeats} repeats, {args.batches} batches per call, 1 CPU device")
+    print(f"\n{args.rounds} rounds x {args.repeats} repeats, {args.batches} batches per call, ipl {args.ipl},"
+          f" 1 CPU device" + (f", without {' '.join(args.without)}" if args.without else ""))
     print("throughput / faster hand-written form, per repeat: median [95% CI of the median] (range)")
     for mode in MODES:
         v = ratios[mode]
         lo, hi = median_interval(v)
         print(f"  {mode:8s} {statistics.median(v):.3f} [{lo:.3f}-{hi:.3f}] ({min(v):.3f}-{max(v):.3f}), n={len(v)}")
     print("whole-process peak RSS, MB: median (range)")
-    for kind in KINDS:
+    for kind in kinds:
         print(f"  {kind:9s} {statistics.median(peaks[kind]):6.0f} ({min(peaks[kind]):.0f}-{max(peaks[kind]):.0f})")
-    lighter = [min(s, t) for s, t in zip(peaks["hand-scan"], peaks["hand-step"])]
+    lighter = [min(each) for each in zip(*(peaks[h] for h in hands))]
     rr = [e / h for e, h in zip(peaks["estimator"], lighter)]
     print(f"  estimator / lighter hand-written process: median {statistics.median(rr):.2f} "
           f"[{min(rr):.2f}-{max(rr):.2f}] (target <= 1.25)")
     print("\nwhere the memory goes (last round), MB: VmRSS (VmHWM so far) after each mark")
     names = [name for name, _, _ in last["estimator"]["marks"]]
-    print(f"  {'':18s}" + "".join(f"{k:>18s}" for k in KINDS))
+    print(f"  {'':18s}" + "".join(f"{k:>18s}" for k in kinds))
     for i, name in enumerate(names):
-        cells = "".join(f"{last[k]['marks'][i][1]:9.0f} ({last[k]['marks'][i][2]:4.0f})" for k in KINDS)
+        cells = "".join(f"{last[k]['marks'][i][1]:11.0f} ({last[k]['marks'][i][2]:4.0f})" for k in kinds)
         print(f"  {name:18s}{cells}")
     print("\nresident memory added by each imported package (last round), MB; packages over 1 MB")
-    for kind in KINDS:
+    for kind in kinds:
         big = {pkg: mb for pkg, mb in last[kind]["imports"].items() if mb >= 1.0}
         total = sum(last[kind]["imports"].values())
         print(f"  {kind} (all imports {total:.0f}): " + ", ".join(f"{pkg} {mb:.1f}" for pkg, mb in big.items()))
-    hand = set(last["hand-scan"]["imports"])
-    extra = {pkg: mb for pkg, mb in last["estimator"]["inclusive"].items() if pkg not in hand and mb >= 1.0}
-    print("  the estimator's packages a hand-written script does not load, with what each pulled in (MB): "
-          + ", ".join(f"{pkg} {mb:.1f}" for pkg, mb in extra.items()))
+    print("  the estimator's root imports (begun outside any other import), each with all it loaded, MB: "
+          + ", ".join(f"{pkg} {mb:.1f}" for pkg, mb in last["estimator"]["roots"].items() if mb >= 1.0))
     return 0
 
 
