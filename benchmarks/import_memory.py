@@ -22,19 +22,11 @@ import collections
 import importlib.abc
 import sys
 
-_STATUS = "/proc/self/status"
-
-
-def rss_mb() -> float:
-    with open(_STATUS) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise KeyError("VmRSS")
+from memory import status_mb  # (benchmarks/memory.py: /proc/self/status fields in MB)
 
 
 class _Measured(importlib.abc.Loader):
-    """A loader that forwards to `inner`, timing its create/exec in resident memory."""
+    """A loader that forwards to `inner`, measuring the resident memory its create/exec add."""
 
     def __init__(self, inner, owner: "ImportMemory", top: str) -> None:
         self.inner, self.owner, self.top = inner, owner, top
@@ -79,7 +71,7 @@ class ImportMemory(importlib.abc.MetaPathFinder):
         return spec
 
     def measure(self, top: str, fn):
-        before = rss_mb()
+        before = status_mb("VmRSS")
         self._children.append(0.0)
         self._tops.append(top)
         try:
@@ -87,7 +79,7 @@ class ImportMemory(importlib.abc.MetaPathFinder):
         finally:
             nested = self._children.pop()
             self._tops.pop()
-            took = rss_mb() - before
+            took = status_mb("VmRSS") - before
             self.totals[top] += took - nested
             if self._children:
                 self._children[-1] += took

@@ -37,24 +37,19 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from memory import status_mb  # noqa: E402  (VmRSS / VmHWM of this process)
+
 MODES = ("train", "evaluate", "predict")
 KINDS = ("estimator", "hand-scan", "hand-step")
 MLP = dict(shape=(28, 28), batch=256, pool=200, ipl=100)
-
-
-def status_mb(field: str) -> float:
-    """A /proc/self/status field (VmRSS, VmHWM) in MB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise KeyError(field)
 
 
 def child(kind: str, repeats: int, n: int, ipl: int, without: list[str]) -> dict:
@@ -64,7 +59,8 @@ def child(kind: str, repeats: int, n: int, ipl: int, without: list[str]) -> dict
     for name in without:
         sys.modules[name] = None  # `import name` raises ImportError
 
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", os.environ.get("XLA_FLAGS", ""))
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=1".strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     marks = []
 
@@ -139,7 +135,6 @@ def main() -> int:
     p.add_argument("--without", nargs="*", default=[], metavar="MODULE", help="made unimportable in the children")
     p.add_argument("--child", choices=KINDS)
     args = p.parse_args()
-    sys.path.insert(0, HERE)
     if args.child:
         print(json.dumps(child(args.child, args.repeats, args.batches, args.ipl, args.without)))
         return 0
