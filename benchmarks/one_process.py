@@ -1,136 +1,191 @@
 """One process doing train, evaluate and predict, as an outside harness measures it.
 
-    .venv/bin/python benchmarks/one_process.py [--rounds 5] [--repeats 3] [--batches 220]
+    .venv/bin/python benchmarks/one_process.py [--rounds 6] [--repeats 5] [--batches 220]
+        [--ipl 100] [--kinds estimator hand-scan hand-step] [--without google.cloud.storage]
 
 The shape of run an outside harness used (issue 21): 1 CPU device, the MLP
 784-512-512-10 at batch 256, Adam, `iterations_per_loop=100`, 220 batches per
-call of each mode, `predict(yield_single_examples=False)`. Two kinds of child
-process, each fresh, alternated over `--rounds` rounds:
+call of each mode, `predict(yield_single_examples=False)`. Three kinds of child
+process, each fresh, their order rotated over `--rounds` rounds:
 
-  estimator  one TPUEstimator: per repeat a train(), an evaluate() and a predict() call
-  hand       the hand-written loops of benchmarks/hand_loops.py, both forms (a jitted
-             `lax.scan` over blocks of 100 stacked batches; a per-step loop), the same
-             calls per repeat
+  estimator  one TPUEstimator (benchmarks/loops.py's): per repeat a train(), an
+             evaluate() and a predict() call
+  hand-scan  benchmarks/hand_script.py's "scan" form: a jitted `lax.scan` over blocks
+             of 100 stacked batches (`lax.map` for predict); numpy, JAX, Optax only
+  hand-step  the same script's per-step form (one jitted program per batch)
 
-Each child first runs every call once (compiles), then `--repeats` timed
-repeats. Printed per round and mode: the ratio estimator throughput / the
-faster hand-written form's (median over the repeats); then the median and
-range of those ratios over all rounds and repeats (target >= 0.97). Also the
-whole process's peak RSS (VmHWM: imports, compilation, the calls), estimator /
-hand (target <= 1.25), and where the estimator's memory went (VmRSS after
-imports, after the warm-up calls, at the end).
+Each child first runs every call once (compiles), then `--repeats` timed repeats
+(the three modes in turn). Speed: per (round, repeat, mode) the ratio faster
+hand-written form's seconds / the estimator's; printed per mode: the median, a 95%
+confidence interval of the median (order statistics: no assumption on the
+spread's shape; a gap is real when the whole interval is below 0.97) and the range.
+Memory: each process's peak RSS (VmHWM: imports, compilation, the calls); the
+ratio estimator / the lighter hand-written process (target <= 1.25); where each
+process's memory goes (VmRSS, and VmHWM so far, after `import jax`, after the other
+imports, after building the batches, after each mode's first call, at the end); and
+what each package the estimator's process imported added (benchmarks/import_memory.py).
+
+To see what a part costs: `--without MODULE` makes MODULE unimportable in the children
+(what an install without it saves, e.g. google.cloud.storage, which tensorboardX imports
+when installed); `MALLOC_ARENA_MAX=1` in the environment reaches the children (glibc's
+per-thread arenas); `--ipl` changes iterations_per_loop and the hand-written scan block.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import statistics
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from memory import status_mb  # noqa: E402  (VmRSS / VmHWM of this process)
 
 MODES = ("train", "evaluate", "predict")
+KINDS = ("estimator", "hand-scan", "hand-step")
+MLP = dict(shape=(28, 28), batch=256, pool=200, ipl=100)
 
 
-def child(kind: str, repeats: int, n: int) -> dict:
-    from workloads import WORKLOADS, set_device_count
+def child(kind: str, repeats: int, n: int, ipl: int, without: list[str]) -> dict:
+    """Runs one kind in this fresh process; returns its times and memory."""
+    from import_memory import ImportMemory
 
-    set_device_count(1)
-    sys.path.insert(0, HERE)
-    import jax  # noqa: F401  (imported before the marks: both kinds pay for it)
+    for name in without:
+        sys.modules[name] = None  # `import name` raises ImportError
 
-    marks = {}
-    workload = dict(WORKLOADS["mlp"])
-    from workloads import DataParallel, make_batches
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", os.environ.get("XLA_FLAGS", ""))
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=1".strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    marks = []
 
-    if kind == "estimator":
-        import loops
+    def mark(name: str) -> None:
+        marks.append((name, round(status_mb("VmRSS"), 1), round(status_mb("VmHWM"), 1)))
 
-        marks["imported"] = status_mb("VmRSS")
-        batches = make_batches(workload["shape"], workload["batch"], n, workload["pool"])
-        est = loops.build_estimator(workload, "fn")
+    mark("python")
+    with ImportMemory() as imports:
+        import jax
 
-        def calls(mode):
-            return lambda: loops.estimator_call(est, mode, batches)
+        jax.devices()
+        mark("import jax")
+        if kind == "estimator":
+            import loops  # tpu_estimator (its names load on first use), flax, optax
 
-        contenders = {mode: {"estimator": calls(mode)} for mode in MODES}
-    else:
-        import hand_loops
+            loops.te.TPUEstimator  # noqa: B018  (the estimator's modules)
+        else:
+            import hand_script  # optax
+        mark("imports")
+        from batches import make_batches
 
-        marks["imported"] = status_mb("VmRSS")
-        batches = make_batches(workload["shape"], workload["batch"], n, workload["pool"])
-        dp = DataParallel()
-        contenders = {
-            mode: {k: hand_loops.reference(workload, batches, mode, k, dp) for k in hand_loops.KINDS}
-            for mode in MODES
-        }
-    import time
-
-    for mode in MODES:  # warm-up: every program compiled once
-        for fn in contenders[mode].values():
-            fn()
-    marks["warm"] = status_mb("VmRSS")
-    times = {mode: {name: [] for name in contenders[mode]} for mode in MODES}
+        batches = make_batches(MLP["shape"], MLP["batch"], n, MLP["pool"])
+        mark("batches")
+        if kind == "estimator":
+            est = loops.build_estimator(dict(loops.WORKLOADS["mlp"], ipl=ipl), "metric_fn")
+            calls = {mode: (lambda m: lambda: loops.estimator_call(est, m, batches))(mode) for mode in MODES}
+        else:
+            calls = hand_script.programs(kind.split("-")[1], batches, ipl)
+        for mode in MODES:  # warm-up: every program compiled once (lazy imports included)
+            calls[mode]()
+            mark(f"first {mode}")
+    times = {mode: [] for mode in MODES}
     for _ in range(repeats):
         for mode in MODES:
-            for name, fn in contenders[mode].items():
-                t = time.perf_counter()
-                out = fn()
-                seconds = out if isinstance(out, float) else time.perf_counter() - t
-                times[mode][name].append(seconds)
-    marks["end"] = status_mb("VmRSS")
-    return {"times": times, "peak_mb": status_mb("VmHWM"), "marks": marks}
+            t = time.perf_counter()
+            calls[mode]()
+            times[mode].append(time.perf_counter() - t)
+    mark("end")
+    return {"times": times, "peak_mb": status_mb("VmHWM"), "marks": marks, "imports": imports.by_package(),
+            "roots": imports.roots()}
 
 
 def run_child(kind: str, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, __file__, "--child", kind, "--repeats", str(args.repeats), "--batches", str(args.batches)]
+    cmd = [sys.executable, __file__, "--child", kind, "--repeats", str(args.repeats), "--batches", str(args.batches),
+           "--ipl", str(args.ipl), "--without", *args.without]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, check=False)
     if out.returncode != 0:
         raise SystemExit(f"{kind} child failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median: the order statistics
+    x_(k) and x_(n+1-k) (1-based) cover it with probability 1 - 2 P(Binomial(n, 1/2) < k);
+    the narrowest such pair that still covers with `confidence` (min-max when n is small)."""
+    v, n = sorted(values), len(values)
+    below = lambda k: sum(math.comb(n, i) for i in range(k)) / 2**n  # P(Binomial < k)  # noqa: E731
+    k = 1
+    while k + 1 <= n // 2 and 1 - 2 * below(k + 1) >= confidence:
+        k += 1
+    return v[k - 1], v[n - k]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--batches", type=int, default=220)
-    p.add_argument("--child", choices=["estimator", "hand"])
+    p.add_argument("--ipl", type=int, default=MLP["ipl"], help="iterations_per_loop and the hand scan's block")
+    p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
+                   help="the estimator and at least one hand-written form")
+    p.add_argument("--without", nargs="*", default=[], metavar="MODULE", help="made unimportable in the children")
+    p.add_argument("--child", choices=KINDS)
     args = p.parse_args()
     if args.child:
-        sys.path.insert(0, HERE)
-        print(json.dumps(child(args.child, args.repeats, args.batches)))
+        print(json.dumps(child(args.child, args.repeats, args.batches, args.ipl, args.without)))
         return 0
+    kinds = [k for k in KINDS if k in args.kinds]
+    hands = kinds[1:]
+    if kinds[0] != "estimator" or not hands:
+        p.error(f"--kinds needs the estimator and a hand-written form; Received: --kinds {' '.join(args.kinds)}")
     ratios = {mode: [] for mode in MODES}
-    rss = []
+    peaks = {kind: [] for kind in kinds}
+    last = {}
     for r in range(args.rounds):
-        order = ("estimator", "hand") if r % 2 == 0 else ("hand", "estimator")  # ABBA
+        order = kinds[r % len(kinds):] + kinds[: r % len(kinds)]  # each kind first, second ... in turn
         got = {kind: run_child(kind, args) for kind in order}
-        est, hand = got["estimator"], got["hand"]
-        line = [f"round {r + 1}"]
+        line = [f"round {r + 1} ({', '.join(order)})"]
         for mode in MODES:
-            for i, e in enumerate(est["times"][mode]["estimator"]):
-                best = min(hand["times"][mode][k][i] for k in hand["times"][mode])
-                ratios[mode].append(best / e)
-            line.append(f"{mode} {statistics.median(ratios[mode][-args.repeats:]):.3f}")
-        rss.append((est["peak_mb"], hand["peak_mb"]))
-        line.append(f"peak RSS {est['peak_mb']:.0f} vs {hand['peak_mb']:.0f} MB")
-        line.append("estimator RSS " + ", ".join(f"{k} {v:.0f}" for k, v in est["marks"].items()))
+            est = got["estimator"]["times"][mode]
+            new = [min(got[h]["times"][mode][i] for h in hands) / e for i, e in enumerate(est)]
+            ratios[mode].extend(new)
+            line.append(f"{mode} {statistics.median(new):.3f}")
+        for kind in kinds:
+            peaks[kind].append(got[kind]["peak_mb"])
+        line.append("peak RSS " + " / ".join(f"{got[k]['peak_mb']:.0f}" for k in kinds) + " MB")
         print("; ".join(line), flush=True)
-    print(f"\n{args.rounds} rounds x {args.repeats} repeats, {args.batches} batches per call, 1 CPU device")
+        last = got
+    print(f"\n{args.rounds} rounds x {args.repeats} repeats, {args.batches} batches per call, ipl {args.ipl},"
+          f" 1 CPU device" + (f", without {' '.join(args.without)}" if args.without else ""))
+    print("throughput / faster hand-written form, per repeat: median [95% CI of the median] (range)")
     for mode in MODES:
         v = ratios[mode]
-        print(f"  {mode:8s} throughput / faster hand loop: median {statistics.median(v):.3f} "
-              f"[{min(v):.3f}-{max(v):.3f}]")
-    rr = [e / h for e, h in rss]
-    print(f"  whole-process peak RSS estimator / hand: median {statistics.median(rr):.2f} "
-          f"[{min(rr):.2f}-{max(rr):.2f}] ({statistics.median(e for e, _ in rss):.0f} vs "
-          f"{statistics.median(h for _, h in rss):.0f} MB)")
+        lo, hi = median_interval(v)
+        print(f"  {mode:8s} {statistics.median(v):.3f} [{lo:.3f}-{hi:.3f}] ({min(v):.3f}-{max(v):.3f}), n={len(v)}")
+    print("whole-process peak RSS, MB: median (range)")
+    for kind in kinds:
+        print(f"  {kind:9s} {statistics.median(peaks[kind]):6.0f} ({min(peaks[kind]):.0f}-{max(peaks[kind]):.0f})")
+    lighter = [min(each) for each in zip(*(peaks[h] for h in hands))]
+    rr = [e / h for e, h in zip(peaks["estimator"], lighter)]
+    print(f"  estimator / lighter hand-written process: median {statistics.median(rr):.2f} "
+          f"[{min(rr):.2f}-{max(rr):.2f}] (target <= 1.25)")
+    print("\nwhere the memory goes (last round), MB: VmRSS (VmHWM so far) after each mark")
+    names = [name for name, _, _ in last["estimator"]["marks"]]
+    print(f"  {'':18s}" + "".join(f"{k:>18s}" for k in kinds))
+    for i, name in enumerate(names):
+        cells = "".join(f"{last[k]['marks'][i][1]:11.0f} ({last[k]['marks'][i][2]:4.0f})" for k in kinds)
+        print(f"  {name:18s}{cells}")
+    print("\nresident memory added by each imported package (last round), MB; packages over 1 MB")
+    for kind in kinds:
+        big = {pkg: mb for pkg, mb in last[kind]["imports"].items() if mb >= 1.0}
+        total = sum(last[kind]["imports"].values())
+        print(f"  {kind} (all imports {total:.0f}): " + ", ".join(f"{pkg} {mb:.1f}" for pkg, mb in big.items()))
+    print("  the estimator's root imports (begun outside any other import), each with all it loaded, MB: "
+          + ", ".join(f"{pkg} {mb:.1f}" for pkg, mb in last["estimator"]["roots"].items() if mb >= 1.0))
     return 0
 
 

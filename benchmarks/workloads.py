@@ -16,6 +16,8 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from batches import make_batches  # noqa: F401  (re-exported: the benchmarks import it from here)
+
 
 def set_device_count(n: int) -> None:
     """XLA_FLAGS with `n` host devices (kept: any other flag the caller set); before JAX loads."""
@@ -64,16 +66,6 @@ class Net(nn.Module):
     @nn.compact
     def __call__(self, x):
         return self.fn(x)
-
-
-def make_batches(shape, batch, n, pool, seed=0):
-    """`n` host batches (x, y): `pool` distinct ones, repeated in turn (the same objects)."""
-    rng = np.random.RandomState(seed)
-    distinct = [
-        (rng.rand(batch, *shape).astype(np.float32), rng.randint(0, 10, batch).astype(np.int32))
-        for _ in range(min(n, pool))
-    ]
-    return [distinct[i % len(distinct)] for i in range(n)]
 
 
 def xent(logits, labels):

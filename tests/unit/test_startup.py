@@ -1,6 +1,6 @@
 """Start-up cost: `import tpu_estimator` loads no dependency; each public name loads its own.
 
-Orbax (with tensorstore), the event writer (tensorboardX), the server
+Orbax (with tensorstore), tensorboardX (histogram and image summaries only), the server
 (starlette, uvicorn, httpx), grain, TensorFlow and protobuf load when a
 checkpoint, a summary, an export, the server or a parsing receiver is first
 used, not at import. Each check runs in a fresh interpreter: this process has

@@ -1,4 +1,4 @@
-"""TensorBoard event files, written by a background thread (tensorboardX; no TensorFlow).
+"""TensorBoard event files, written by a background thread (summary/event_file.py; no TensorFlow).
 
 `create_file_writer(logdir)` returns the process's one `FileWriter` for that
 directory. Calls only enqueue; the thread encodes and writes. On processes
@@ -33,9 +33,10 @@ from tpu_estimator.api.checks import message
 from tpu_estimator.errors import CheckpointStorageError
 from tpu_estimator.paths import as_uri, is_local
 from tpu_estimator.storage import wait_for
+from tpu_estimator.summary.event_file import EventFile
 
 UPLOAD_SECS = 30.0  # an object-store logdir gets the events at least this often
-_files = itertools.count()  # event file names: `<tensorboardX's>.<pid>.<counter>`, sorting in order
+_files = itertools.count()  # event file names: `events.out.tfevents.<time>.<host>.<pid>.<counter>`, in order
 _writers: dict[str, "FileWriter"] = {}
 _lock = threading.Lock()
 
@@ -121,8 +122,6 @@ class FileWriter:
         self._queue.put(op)
 
     def _run(self) -> None:
-        from tensorboardX import SummaryWriter
-
         local = is_local(self.logdir)
         writer, staging, opened = None, None, 0.0
         while True:
@@ -132,7 +131,7 @@ class FileWriter:
             except queue.Empty:
                 op = "upload"
             if op is None or op == "upload" or isinstance(op, threading.Event):
-                if writer is not None:  # tensorboardX's own queue drains only on close()
+                if writer is not None:  # a flush point: the event file is closed (whole, for an upload)
                     try:
                         writer.close()
                         if staging is not None:
@@ -152,7 +151,7 @@ class FileWriter:
                     if not local and staging is None:
                         staging = tempfile.mkdtemp(prefix="tpu_estimator_events_")
                     suffix = f".{os.getpid()}.{next(_files):06d}"
-                    writer = SummaryWriter(staging or self.logdir, flush_secs=10, filename_suffix=suffix)
+                    writer = EventFile(staging or self.logdir, suffix)
                     opened = time.monotonic()
                 op(writer)
             except Exception as e:  # keep the thread alive; report on flush()
