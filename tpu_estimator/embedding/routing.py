@@ -4,28 +4,37 @@ Inside `shard_map` over one axis of N devices, each device both holds 1/N of
 every table (rows) and is one replica (its own examples). For one table, a
 device:
 
-1. deduplicates the ids of its own examples (all features of the table):
-   at most M = examples x ids per example (summed over the features) unique
-   ids, a static bound;
+1. deduplicates the ids of its own examples (all features of the table) on
+   their storage rows: at most M = examples x ids per example (summed over
+   the features) unique ids, a static bound; sorted, so grouped by owner;
 2. numbers each unique id within its owner: (owner, rank);
 3. sends round k's requests, ranks in `[k*C, (k+1)*C)`, as a `[N, C]` buffer
-   of local rows, one `all_to_all` (`lax.all_to_all`, fixed shapes: XLA:CPU
-   and TPU both run it); the owners answer with the rows, `[N, C, dim]`,
-   another `all_to_all` back.
+   of local rows, one `lax.all_to_all` (fixed shapes); the owners answer with
+   the rows, `[N, C, dim]`, another `all_to_all` back.
 
 C, the capacity per (device, owner) pair, is `ceil(capacity_factor * M / N)`
 (at most M), so a buffer holds about `capacity_factor * M` ids or rows at any
-N: the bytes per device do not grow with the device count. The number of
-rounds is agreed by all devices (`pmax` of the largest per-owner count / C):
-one when ids are spread over the owners ('mod' placement, hashed ids), more
-when one device's unique ids crowd one owner. Nothing is dropped: the worst
-case (all of a device's M unique ids on one owner) takes `ceil(M / C)` ~
-N / capacity_factor rounds, the bytes of the all-gather scheme, in a loop.
+N: the bytes per device do not grow with the device count (while M >= N; with
+fewer ids than devices C is 1 and the `[N, 1]` buffers grow with N). The number
+of rounds is agreed by all devices (`pmax` of the largest per-owner count / C):
+one when ids are spread over the owners ('mod' placement, hashed or uniform
+ids), more when one device's unique ids crowd one owner ('div' placement of
+popular low ids). Nothing is dropped or clipped: the worst case (all of a
+device's M unique ids on one owner) takes `ceil(M / C)` ~ N / capacity_factor
+rounds, about the all-gather scheme's bytes, in a loop.
 
-Gradients travel back the same way (`send_gradients`): one round when the
-forward took one, the owner then deduplicates the `N * C` rows it received and
-sums their gradients (a lazy update touches those rows only); with more rounds
-the owner adds them into a dense gradient of its shard and a touched mask.
+Gradients travel back the same way: with one round (`send_gradients_once`)
+the owner deduplicates the `N * C` rows it received and sums their gradients
+(a lazy update touches those rows only); with more (`send_gradients_dense`)
+it adds every round's into a dense gradient of its shard and a touched mask
+(the update then reads and writes the whole shard; lazy rules keep the
+untouched rows). The compiled step holds both backward forms (a
+`lax.cond`): its HLO lists three row exchanges, of which a one-round step runs
+two.
+
+Why not `lax.ragged_all_to_all` (sizes exchanged, no padding): XLA:CPU does
+not run it (UNIMPLEMENTED in jax 0.10.2 and 0.12), and its receive buffer
+needs the same worst-case bound.
 """
 
 from __future__ import annotations
