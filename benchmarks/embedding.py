@@ -348,8 +348,8 @@ def weak_scaling(rounds: int) -> None:
         for form in forms:
             ms = np.array(times[form])
             total, once = hlo_mb[form]
-            print(f"{n:>7} {form:>11} {total:>28.3f} {once:>8.3f} {np.median(ms):>12.1f} [{ms.min():.1f}-{ms.max():.1f}]",
-                  flush=True)
+            spread = f"{np.median(ms):>12.1f} [{ms.min():.1f}-{ms.max():.1f}]"
+            print(f"{n:>7} {form:>11} {total:>28.3f} {once:>8.3f} {spread}", flush=True)
         del made
 
 

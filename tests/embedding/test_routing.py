@@ -31,7 +31,9 @@ def make_spec(optimizer):
             "seq": FeatureConfig("big", max_sequence_length=3),
             "small": FeatureConfig("small"),
         },
-        table_to_config_dict={"big": TableConfig(V, DIM, combiner="mean"), "small": TableConfig(5, DIM, combiner="sum")},
+        table_to_config_dict={
+            "big": TableConfig(V, DIM, combiner="mean"), "small": TableConfig(5, DIM, combiner="sum"),
+        },
         optimization_parameters=optimizer,
     )
 
@@ -119,7 +121,8 @@ def test_8_devices_routing_ids_equal_1_device(case):
     for k in after1:
         np.testing.assert_allclose(after8[k], after1[k], **TOL, err_msg=k)
     if isinstance(optimizer, AdagradParameters):  # lazy: rows nobody looked up keep their slot
-        untouched = sorted(set(range(V)) - {int(i) for ids, _, _ in batches for f in ("bag", "seq") for i in ids[f].ravel()})
+        looked_up = {int(i) for ids, _, _ in batches for f in ("bag", "seq") for i in ids[f].ravel()}
+        untouched = sorted(set(range(V)) - looked_up)
         np.testing.assert_array_equal(after8["big/accumulator"][untouched], np.float32(0.2))
 
 

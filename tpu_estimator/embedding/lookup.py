@@ -347,7 +347,9 @@ class _Rule:
         rows, row_slots = take(local, 0.0), {k: take(v, 1.0) for k, v in local_slots.items()}
         new_rows, new_s = self._update(rows, row_slots, grads)
         table = local.at[unique].set(new_rows.astype(local.dtype), mode="drop")
-        slots = {k: local_slots[k].at[unique].set(v.astype(local_slots[k].dtype), mode="drop") for k, v in new_s.items()}
+        slots = {
+            k: local_slots[k].at[unique].set(v.astype(local_slots[k].dtype), mode="drop") for k, v in new_s.items()
+        }
         return table, slots
 
     def dense(self, local: Any, local_slots: Any, dense: Any, touched: Any) -> tuple[Any, Any]:
