@@ -1,6 +1,12 @@
 """Large embeddings: tables sharded over 8 devices (ours) vs replicated tables + `jnp.take`.
 
     .venv/bin/python benchmarks/embedding.py [--rounds N] [--quick]
+    .venv/bin/python benchmarks/embedding.py --scaling [--rounds N]
+
+`--scaling` prints only a weak-scaling table instead (`weak_scaling`): the
+per-replica embedding step at 1, 2, 4, 8 devices with a fixed per-device batch,
+ids routed to owners vs the global batch all-gathered vs replicated tables;
+collective bytes per device from the compiled HLO and ms/step.
 
 The same model and the same global batches, on 8 fake CPU devices: 4 tables
 (100,000 x 32, 50,000 x 32, 10,000 x 16, 1,000 x 16; `--quick` divides the
