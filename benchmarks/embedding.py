@@ -1,6 +1,12 @@
 """Large embeddings: tables sharded over 8 devices (ours) vs replicated tables + `jnp.take`.
 
     .venv/bin/python benchmarks/embedding.py [--rounds N] [--quick]
+    .venv/bin/python benchmarks/embedding.py --scaling [--rounds N]
+
+`--scaling` prints only a weak-scaling table instead (`weak_scaling`): the
+per-replica embedding step at 1, 2, 4, 8 devices with a fixed per-device batch,
+ids routed to owners vs the global batch all-gathered vs replicated tables;
+collective bytes per device from the compiled HLO and ms/step.
 
 The same model and the same global batches, on 8 fake CPU devices: 4 tables
 (100,000 x 32, 50,000 x 32, 10,000 x 16, 1,000 x 16; `--quick` divides the
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 import time
@@ -187,6 +194,171 @@ def per_device_bytes(arrays) -> int:
     return max(held.values())
 
 
+# ---------------------------------------------------------------- weak scaling (--scaling)
+
+SCALE_TABLE = (100_000, 32)  # rows, dim: one table
+SCALE_FEATURES, SCALE_WIDTH, SCALE_PER_DEVICE = 4, 4, 128  # the issue's shape
+SCALE_STEPS = 10  # per timed call
+COLLECTIVE_OPS = ("all-to-all", "all-gather", "reduce-scatter", "all-reduce", "collective-permute")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "f32": 4, "s32": 4, "u32": 4,
+                "f64": 8, "s64": 8}
+
+
+def _shape_bytes(text: str) -> int:
+    pattern = r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]"
+    return sum(_DTYPE_BYTES[t] * int(np.prod([int(d) for d in dims.split(",") if d]))
+               for t, dims in re.findall(pattern, text))
+
+
+def collective_bytes(hlo: str) -> tuple[int, int]:
+    """(all, one round): the sum over the module's collectives of the larger of operand and result
+    bytes, as tests/embedding/test_collective_bytes.py: every computation once (loop bodies, both
+    branches of a conditional); then without those under a conditional's branch that loops (the
+    routed backward's rounds beyond the first, not run when one round suffices)."""
+    computations: dict[str, list[str]] = {}
+    current = None
+    for line in hlo.splitlines():
+        head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
+        if head:
+            current = computations.setdefault(head.group(1), [])
+        elif current is not None:
+            current.append(line)
+    calls = {name: set(re.findall(r"(?:calls|body|condition|to_apply)=%?([\w.\-]+)", "\n".join(lines)))
+             for name, lines in computations.items()}
+    looping = set()
+    for lines in computations.values():
+        for group in re.findall(r"branch_computations=\{([^}]*)\}", "\n".join(lines)):
+            for branch in (c.strip().lstrip("%") for c in group.split(",")):
+                if any(" while(" in line for line in computations.get(branch, ())):
+                    todo = [branch]
+                    while todo:
+                        name = todo.pop()
+                        if name not in looping:
+                            looping.add(name)
+                            todo.extend(calls.get(name, ()))
+    shapes, total, once = {}, 0, 0
+    for name, lines in computations.items():
+        for line in lines:
+            m = re.match(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*?) ([\w\-]+)\((.*)$", line)
+            if not m:
+                continue
+            instruction, result, op, rest = m.groups()
+            shapes[instruction] = _shape_bytes(result)
+            if op.removesuffix("-start") in COLLECTIVE_OPS:
+                operands = re.findall(r"%([\w.\-]+)", rest.split("),")[0])
+                size = max(shapes[instruction], sum(shapes.get(o, 0) for o in operands))
+                total += size
+                once += 0 if name in looping else size
+    return total, once
+
+
+def scaling_spec() -> te.EmbeddingConfigSpec:
+    return te.EmbeddingConfigSpec(
+        feature_to_config_dict={f"f{i}": te.FeatureConfig("t") for i in range(SCALE_FEATURES)},
+        table_to_config_dict={"t": te.TableConfig(*SCALE_TABLE)},
+        optimization_parameters=te.AdagradParameters(LR), partition_strategy="mod",
+    )
+
+
+def scaling_loss(acts: dict, labels) -> jax.Array:
+    """A loss with no dense parameters (so no dense gradient all-reduce): logit = mean of the
+    concatenated activations."""
+    logits = jnp.concatenate([acts[k] for k in sorted(acts)], axis=1).mean(axis=1)
+    return loss_of(logits, labels)
+
+
+def scaling_program(n: int, form: str):
+    """(jitted step (state, ids, labels, step) -> state, initial state) on the first n devices:
+    form "routed" / "all_gather" (sharded tables, the per-replica step) or "replicated"."""
+    from tpu_estimator.embedding.lookup import Collectives
+    from tpu_estimator.embedding.replica import lookup_in_replica, state_specs, update_in_replica
+    from tpu_estimator.embedding.sharded import ShardedTables
+
+    spec = scaling_spec()
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:n]), ("data",))
+    data, rep = P("data"), P()
+    if form == "replicated":
+        tx = optax.adagrad(LR)
+        table = jax.random.normal(jax.random.PRNGKey(0), SCALE_TABLE) / np.sqrt(SCALE_TABLE[1])
+        state = (table, tx.init(table))
+
+        def step(state, ids, labels, step):
+            table, opt = state
+            loss = lambda t: scaling_loss({k: lookup(t, v) for k, v in ids.items()}, labels)  # noqa: E731
+            grads = jax.grad(loss)(table)
+            if n > 1:
+                grads = jax.lax.pmean(grads, "data")  # the dense table gradient, all-reduced
+            updates, opt = tx.update(grads, opt, table)
+            return optax.apply_updates(table, updates), opt
+
+        specs = (rep, rep)
+    else:
+        tables = ShardedTables(spec, mesh, batch_axis="data", table_axes=("data",))
+        routing = "owners" if form == "routed" else "all_gather"
+        coll = Collectives("data", ("data",), n, n, routing=routing) if n > 1 else Collectives()
+        state = tables.init(jax.random.PRNGKey(0))
+
+        def step(state, ids, labels, step):
+            acts = lookup_in_replica(spec, coll, state, ids, {})
+            grads = jax.grad(lambda a: scaling_loss(a, labels))(acts)
+            return update_in_replica(spec, coll, state, ids, {}, grads, step)
+
+        specs = state_specs(state)
+    if n > 1:
+        step = jax.shard_map(step, mesh=mesh, in_specs=(specs, data, data, rep), out_specs=specs, check_vma=False)
+    program = jax.jit(step, donate_argnums=0)
+    sharding = jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda s: isinstance(s, P))
+    return program, jax.device_put(state, sharding), mesh
+
+
+def scaling_batches(n: int, mesh, count: int = 4) -> list:
+    rng = np.random.RandomState(n)
+    out = []
+    for _ in range(count):
+        b = n * SCALE_PER_DEVICE
+        ids = {f"f{i}": rng.randint(0, SCALE_TABLE[0], (b, SCALE_WIDTH)).astype(np.int32)
+               for i in range(SCALE_FEATURES)}
+        for v in ids.values():
+            v[rng.rand(*v.shape) < 0.25] = -1
+        labels = rng.randint(0, 2, b).astype(np.float32)
+        out.append(jax.device_put((ids, labels), NamedSharding(mesh, P("data"))))
+    return out
+
+
+def weak_scaling(rounds: int) -> None:
+    forms = ("routed", "all_gather", "replicated")
+    print(f"weak scaling: jax {jax.__version__}, one table {SCALE_TABLE[0]:,} x {SCALE_TABLE[1]} ('mod'), "
+          f"{SCALE_FEATURES} features of width {SCALE_WIDTH} (25% padding), {SCALE_PER_DEVICE} examples per device, "
+          f"Adagrad; {SCALE_STEPS} steps per timed call, {rounds} interleaved rounds", flush=True)
+    print(f"{'devices':>7} {'form':>11} {'collective MB/device: HLO, one round':>37} {'ms/step median [min-max]':>26}")
+    for n in (1, 2, 4, 8):
+        made, hlo_mb = {}, {}
+        for form in forms:
+            program, state, mesh = scaling_program(n, form)
+            batches = scaling_batches(n, mesh)
+            compiled = program.lower(state, *batches[0], jnp.int32(0)).compile()
+            hlo_mb[form] = [b / 1e6 for b in collective_bytes(compiled.as_text())]
+            state = program(state, *batches[0], jnp.int32(0))
+            jax.block_until_ready(state)
+            made[form] = [program, state, batches]
+        times = {form: [] for form in forms}
+        for r in range(rounds):
+            for form in forms[r % 3:] + forms[: r % 3]:
+                program, state, batches = made[form]
+                t = time.perf_counter()
+                for i in range(SCALE_STEPS):
+                    state = program(state, *batches[i % len(batches)], jnp.int32(i))
+                jax.block_until_ready(state)
+                times[form].append((time.perf_counter() - t) / SCALE_STEPS * 1e3)
+                made[form][1] = state
+        for form in forms:
+            ms = np.array(times[form])
+            total, once = hlo_mb[form]
+            spread = f"{np.median(ms):>12.1f} [{ms.min():.1f}-{ms.max():.1f}]"
+            print(f"{n:>7} {form:>11} {total:>28.3f} {once:>8.3f} {spread}", flush=True)
+        del made
+
+
 # ---------------------------------------------------------------- driver
 
 
@@ -194,7 +366,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="vocabularies / 10, 3 rounds")
+    parser.add_argument("--scaling", action="store_true", help="only the weak-scaling table (1, 2, 4, 8 devices)")
     args = parser.parse_args(argv)
+    if args.scaling:
+        weak_scaling(args.rounds)
+        return 0
     rounds = 3 if args.quick else args.rounds
     shapes = tables(args.quick)
     batches = make_batches(shapes, STEPS)

@@ -1,44 +1,59 @@
 """Lookups and lazy updates on one device's shard of the tables (inside `shard_map`).
 
-The scheme (each of N devices holds `rows_per_shard` rows of every table and
-`b` examples of the global batch B = R*b, R replicas):
+Each of N devices holds `rows_per_shard` rows of every table and, in the
+per-replica step, `b` examples of the global batch B = N*b. Two schemes:
 
-forward, per feature
-  1. all-gather the ids (and weights) of the global batch over the batch axis:
-     [B, width] ints, small next to the activations;
-  2. each device gathers the rows it owns (others masked to 0) and combines
-     them per example with the combiner's coefficients (sum / mean / sqrtn of
-     the weights, which every device knows): a partial [B, dim];
-  3. `psum_scatter` over the batch axis sums the partials and leaves each
-     replica its own b examples: [b, dim] ([b, max_sequence_length, dim] for
-     sequence features). Per device this moves about B*dim values each way,
-     like an all-to-all of activations, with no capacity to guess.
+routed to owners (`Collectives.routing="owners"`, the default where every
+device is both one replica and one shard: table axes == (batch axis,))
+  forward, per table: the device deduplicates its own examples' ids (all the
+  table's features: at most M = b x ids per example), sends each unique id to
+  the device owning its row and gets the row back (two `all_to_all`s of
+  `[N, C]` ids and `[N, C, dim]` rows, C ~ capacity_factor*M/N: about
+  capacity_factor*M ids and rows per device at any N), and combines the rows
+  per example locally with the combiner's coefficients;
+  backward: the per-id gradients summed per unique id travel to the owners
+  the same way; the owner sums them per row and updates those rows lazily.
+  Exact: when one owner gets more than C of a device's ids, more rounds run
+  (agreed over the devices); see embedding/routing.py for the rounds and the
+  worst case (about the all-gather scheme's bytes, N/capacity_factor rounds).
+  Bytes and ids processed per device do not grow with N at a fixed b.
 
-backward, per table (all features looking it up together)
-  1. all-gather the activation gradients ([B, dim]);
-  2. each device forms the gradient of every (example, position) id it owns
-     (coefficient x gradient), drops the others, and sums duplicate ids with
-     `jnp.unique(size=...)` + `segment_sum`: at most B*width*features rows;
-  3. gathers those rows and their slots, applies the optimizer
-     (embedding/updates.py) and scatters them back: untouched rows are not
-     read or written (lazy; non-lazy Adam updates the whole shard).
+all-gathered batch (`routing="all_gather"`, and tables sharded over more axes
+than the batch, e.g. a ("data", "model") mesh)
+  forward, per feature
+    1. all-gather the ids (and weights) of the global batch over the batch axis:
+       [B, width] ints;
+    2. each device gathers the rows it owns (others masked to 0) and combines
+       them per example with the combiner's coefficients: a partial [B, dim];
+    3. `psum_scatter` over the batch axis sums the partials and leaves each
+       replica its own b examples: [b, dim] ([b, max_sequence_length, dim] for
+       sequence features). Per device about B*dim values: grows with N.
+  backward, per table (all features looking it up together)
+    1. all-gather the activation gradients ([B, dim]);
+    2. each device forms the gradient of every (example, position) id it owns
+       (coefficient x gradient), drops the others, and sums duplicate ids with
+       `jnp.unique(size=...)` + `segment_sum`: at most B*width*features rows;
+    3. gathers those rows and their slots, applies the optimizer
+       (embedding/updates.py) and scatters them back: untouched rows are not
+       read or written (lazy; non-lazy Adam updates the whole shard).
 
-On one device (`Collectives()` with no axes) the same code runs without
+On one device (`Collectives()` with no axes) the all-gather code runs without
 collectives and with one shard.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from tpu_estimator.api.checks import message
+from tpu_estimator.embedding import routing, updates
 from tpu_estimator.embedding.config import EmbeddingConfigSpec
 from tpu_estimator.embedding.layout import TableLayout
-from tpu_estimator.embedding import updates
 from tpu_estimator.embedding.optimizers import AdamParameters
 
 
@@ -52,12 +67,47 @@ class Collectives:
         PartitionSpec (empty: the whole table on this device).
       num_shards: the product of the table axes' sizes.
       num_replicas: the size of the batch axis.
+      routing: "owners": ids sent to the devices owning their rows (all-to-all;
+        where table_axes == (batch_axis,)); "all_gather": every device sees the
+        global batch's ids (the scheme before routing; kept for comparison).
+      capacity_factor: C = ceil(capacity_factor * M / N) requests per owner and
+        round (M: a device's id slots of a table); more rounds when exceeded.
     """
 
     batch_axis: str | None = None
     table_axes: tuple[str, ...] = ()
     num_shards: int = 1
     num_replicas: int = 1
+    routing: Literal["owners", "all_gather"] = "owners"
+    capacity_factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.routing not in ("owners", "all_gather"):
+            raise ValueError(
+                message(
+                    "Collectives.routing must be 'owners' or 'all_gather'.",
+                    f"routing={self.routing!r}",
+                    "Use routing='owners' (the default).",
+                )
+            )
+        if not self.capacity_factor > 0:
+            raise ValueError(
+                message(
+                    "Collectives.capacity_factor must be positive.",
+                    f"capacity_factor={self.capacity_factor!r}",
+                    "Use capacity_factor=2.0 (the default).",
+                )
+            )
+
+    @property
+    def routed(self) -> bool:
+        """Whether ids go to their owners (else the global batch is all-gathered)."""
+        return (
+            self.routing == "owners"
+            and self.batch_axis is not None
+            and self.table_axes == (self.batch_axis,)
+            and self.num_shards > 1
+        )
 
     def gather_batch(self, x: Any) -> Any:
         return x if self.batch_axis is None else lax.all_gather(x, self.batch_axis, axis=0, tiled=True)
@@ -117,6 +167,8 @@ def lookup_local(
     `tables[name]` is the local block [rows_per_shard, dim]; `ids[f]` [b, width]
     (−1 = padding) and `weights[f]` (or absent) are this replica's examples.
     """
+    if coll.routed:
+        return _lookup_routed(spec, coll, tables, ids, weights)
     layouts = table_layouts(spec, coll.num_shards)
     shard = coll.shard_index()
     out = {}
@@ -132,6 +184,38 @@ def lookup_local(
         partial = scaled if spec.features[feature].max_sequence_length else scaled.sum(axis=1)
         out[feature] = coll.scatter_batch(partial).astype(local.dtype)
     return out
+
+
+def _table_route(spec: EmbeddingConfigSpec, coll: Collectives, table: str, ids: dict[str, Any]) -> tuple[Any, ...]:
+    """(layout, capacity, route) of this device's ids of `table` (its features' ids flattened
+    in `spec.features_of(table)` order)."""
+    layout = table_layouts(spec, coll.num_shards)[table]
+    flat = jnp.concatenate([ids[f].reshape(-1) for f in spec.features_of(table)])
+    cap = routing.capacity(flat.shape[0], coll.num_shards, coll.capacity_factor)
+    return layout, cap, routing.plan(layout, flat, coll.batch_axis, cap)
+
+
+def _lookup_routed(
+    spec: EmbeddingConfigSpec, coll: Collectives, tables: dict[str, Any], ids: dict[str, Any], weights: dict[str, Any]
+) -> dict[str, Any]:
+    out = {}
+    for table in spec.tables:
+        features = spec.features_of(table)
+        if not features:
+            continue
+        layout, cap, route = _table_route(spec, coll, table, ids)
+        local = tables[table]
+        rows = routing.fetch_rows(route, layout, local, coll.batch_axis, cap)  # [M, dim]
+        start = 0
+        for feature in features:
+            shape = ids[feature].shape
+            inverse = route.inverse[start : start + ids[feature].size].reshape(shape)
+            start += ids[feature].size
+            coef = _coefficients(spec, feature, ids[feature], weights.get(feature))
+            scaled = rows[inverse].astype(jnp.float32) * coef[..., None]
+            combined = scaled if spec.features[feature].max_sequence_length else scaled.sum(axis=1)
+            out[feature] = combined.astype(local.dtype)
+    return {f: out[f] for f in spec.feature_tables}
 
 
 def row_gradients_local(
@@ -189,31 +273,92 @@ def apply_local(
     replica; `grad_scale` multiplies them (1/replicas when they are gradients of
     one replica's loss, as train_step's dense gradients are averaged).
     """
-    opt = spec.optimization_parameters
     new_tables, new_slots = {}, {}
     for table in spec.tables:
+        rule = _Rule(spec, table, step)
         local, local_slots = tables[table], slots.get(table, {})
-        lr = spec.tables[table].learning_rate_at(step)  # None: the optimizer's
+        if coll.routed and spec.features_of(table):
+            layout, cap, route = _table_route(spec, coll, table, ids)
+            per_id = jnp.concatenate(
+                [_id_gradients(spec, f, ids, weights, activation_grads, grad_scale) for f in spec.features_of(table)]
+            )
+            summed = jax.ops.segment_sum(per_id, route.inverse, num_segments=route.unique.shape[0])
+            axis = coll.batch_axis
+
+            def once(local: Any, local_slots: Any) -> Any:
+                unique, grads = routing.send_gradients_once(route, layout, summed, axis, cap)
+                return rule.rows(local, local_slots, unique, grads)
+
+            def rounds(local: Any, local_slots: Any) -> Any:
+                dense, touched = routing.send_gradients_dense(route, layout, summed, axis, cap)
+                return rule.dense(local, local_slots, dense, touched)
+
+            new_tables[table], new_slots[table] = lax.cond(route.rounds <= 1, once, rounds, local, local_slots)
+            continue
         unique, grads = row_gradients_local(spec, coll, table, ids, weights, activation_grads, grad_scale)
+        new_tables[table], new_slots[table] = rule.rows(local, local_slots, unique, grads)
+    return new_tables, new_slots
+
+
+def _id_gradients(
+    spec: EmbeddingConfigSpec, feature: str, ids: dict[str, Any], weights: dict[str, Any],
+    activation_grads: dict[str, Any], grad_scale: float,
+) -> Any:
+    """`[ids[feature].size, dim]`: the gradient of each of this replica's id slots (0 for padding)."""
+    g = activation_grads[feature].astype(jnp.float32) * grad_scale
+    coef = _coefficients(spec, feature, ids[feature], weights.get(feature))
+    if not spec.features[feature].max_sequence_length:
+        g = g[:, None, :]
+    return (coef[..., None] * g).reshape(-1, g.shape[-1])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rule:
+    """The embedding optimizer of one table at one step, on a device's block."""
+
+    spec: EmbeddingConfigSpec
+    table: str
+    step: Any
+
+    def _update(self, rows: Any, slots: Any, grads: Any) -> tuple[Any, Any]:
+        opt, spec = self.spec.optimization_parameters, self.spec
         grads = updates.prepare_gradients(
-            opt, grads, step, clipping_limit=spec.clipping_limit,
+            opt, grads, self.step, clipping_limit=spec.clipping_limit,
             multiplier_fn=spec.experimental_gradient_multiplier_fn,
         )
-        if isinstance(opt, AdamParameters) and not opt.lazy_adam:
+        lr = spec.tables[self.table].learning_rate_at(self.step)  # None: the optimizer's
+        return updates.update(opt, rows, slots, grads, self.step, lr)
+
+    @property
+    def lazy(self) -> bool:
+        opt = self.spec.optimization_parameters
+        return not (isinstance(opt, AdamParameters) and not opt.lazy_adam)
+
+    def rows(self, local: Any, local_slots: Any, unique: Any, grads: Any) -> tuple[Any, Any]:
+        """Updated block from the summed gradients `grads` [M, dim] of local rows `unique` [M]
+        (padded with the out-of-range `rows_per_shard`)."""
+        if not self.lazy:
             dense = jnp.zeros(local.shape, jnp.float32).at[unique].add(grads, mode="drop")
-            new_rows, new_s = updates.update(opt, local.astype(jnp.float32), local_slots, dense, step, lr)
-            new_tables[table] = new_rows.astype(local.dtype)
-            new_slots[table] = new_s
-            continue
-        # the pads (index rows_per_shard) read as 0 (slots as 1, so no rule divides by 0) and are
-        # never written back
+            return self.dense(local, local_slots, dense, None)
+        # the pads read as 0 (slots as 1, so no rule divides by 0) and are never written back
         def take(a: Any, fill: float) -> Any:
             return a.at[unique].get(mode="fill", fill_value=fill).astype(jnp.float32)
 
         rows, row_slots = take(local, 0.0), {k: take(v, 1.0) for k, v in local_slots.items()}
-        new_rows, new_s = updates.update(opt, rows, row_slots, grads, step, lr)
-        new_tables[table] = local.at[unique].set(new_rows.astype(local.dtype), mode="drop")
-        new_slots[table] = {
+        new_rows, new_s = self._update(rows, row_slots, grads)
+        table = local.at[unique].set(new_rows.astype(local.dtype), mode="drop")
+        slots = {
             k: local_slots[k].at[unique].set(v.astype(local_slots[k].dtype), mode="drop") for k, v in new_s.items()
         }
-    return new_tables, new_slots
+        return table, slots
+
+    def dense(self, local: Any, local_slots: Any, dense: Any, touched: Any) -> tuple[Any, Any]:
+        """Updated block from the gradient of every local row `dense`; lazy rules keep the rows
+        not `touched` (non-lazy Adam updates all)."""
+        f32 = {k: v.astype(jnp.float32) for k, v in local_slots.items()}
+        new_rows, new_s = self._update(local.astype(jnp.float32), f32, dense)
+        if self.lazy and touched is not None:
+            keep = touched[:, None]
+            new_rows = jnp.where(keep, new_rows, local)
+            new_s = {k: jnp.where(keep, v, local_slots[k]) for k, v in new_s.items()}
+        return new_rows.astype(local.dtype), {k: v.astype(local_slots[k].dtype) for k, v in new_s.items()}
