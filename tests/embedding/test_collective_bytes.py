@@ -22,7 +22,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 from tpu_estimator.embedding import AdagradParameters, EmbeddingConfigSpec, FeatureConfig, TableConfig
-from tpu_estimator.embedding.lookup import Collectives
+from tpu_estimator.embedding.lookup import Collectives, routes
 from tpu_estimator.embedding.replica import lookup_in_replica, state_specs, update_in_replica
 from tpu_estimator.embedding.sharded import ShardedTables
 
@@ -100,3 +100,21 @@ def test_all_gathered_bytes_grow_with_the_device_count(per_device_bytes):
     totals = {n: sum(per_device_bytes["all_gather", n].values()) for n in (2, 8)}
     assert "all-gather" in per_device_bytes["all_gather", 8] and "all-to-all" not in per_device_bytes["all_gather", 8]
     assert totals[8] > 3 * totals[2], totals
+
+
+def test_auto_routing_picks_the_scheme_the_hlo_says_moves_fewer_bytes(per_device_bytes):
+    """`routing="auto"` chooses per table from static estimates (lookup.bytes_per_device);
+    where the compiled programs differ clearly (1.5x), the estimate picks the smaller one."""
+    decided = 0
+    for n in (2, 8):
+        owners = sum(per_device_bytes["owners", n].values())
+        gathered = sum(per_device_bytes["all_gather", n].values())
+        ids = {f: jnp.zeros((PER_DEVICE, WIDTH), jnp.int32) for f in SPEC.features}
+        chosen = routes(SPEC, Collectives("data", ("data",), n, n), "t", ids)
+        if max(owners, gathered) > 1.5 * min(owners, gathered):
+            assert chosen == (owners < gathered), (n, owners, gathered)
+            decided += 1
+    assert decided  # (at 2 devices the all-gather moves several times fewer bytes)
+    many = Collectives("data", ("data",), 256, 256)  # a pod: routing's bytes are flat, the all-gather's x N
+    assert routes(SPEC, many, "t", {f: jnp.zeros((PER_DEVICE, WIDTH), jnp.int32) for f in SPEC.features})
+    assert not routes(SPEC, Collectives("data", ("data",), 256, 256, routing="all_gather"), "t", ids)

@@ -55,7 +55,8 @@ def programs(spec, n, capacity_factor):
     """(tables, jitted lookup, jitted apply, jitted rounds of each table) on n devices."""
     mesh = Mesh(np.array(jax.devices()[:n]), ("data",))
     tables = ShardedTables(spec, mesh, batch_axis="data", table_axes=("data",))
-    coll = Collectives("data", ("data",), n, n, capacity_factor=capacity_factor) if n > 1 else Collectives()
+    coll = (Collectives("data", ("data",), n, n, routing="owners", capacity_factor=capacity_factor)
+            if n > 1 else Collectives())
     assert coll.routed == (n > 1)
 
     def rounds(ids):  # of each table, as the lookup plans them
@@ -133,7 +134,7 @@ def test_capacity_is_flat_in_the_device_count_and_never_beyond_the_ids():
 
 
 def test_collectives_are_checked():
-    with pytest.raises(ValueError, match=r"routing must be 'owners' or 'all_gather'.*routing='ring'"):
+    with pytest.raises(ValueError, match=r"routing must be 'auto', 'owners' or 'all_gather'.*routing='ring'"):
         Collectives("data", ("data",), 8, 8, routing="ring")
     with pytest.raises(ValueError, match=r"capacity_factor must be positive.*capacity_factor=0"):
         Collectives("data", ("data",), 8, 8, capacity_factor=0)

@@ -3,8 +3,14 @@
 Each of N devices holds `rows_per_shard` rows of every table and, in the
 per-replica step, `b` examples of the global batch B = N*b. Two schemes:
 
-routed to owners (`Collectives.routing="owners"`, the default where every
-device is both one replica and one shard: table axes == (batch axis,))
+Which one a table uses (`Collectives.routing`): "auto" (the default) routes a
+table when every device is both one replica and one shard (table axes ==
+(batch axis,)) and routing is estimated to move fewer bytes per device than
+the all-gather (`bytes_per_device`: routing's bytes are flat in N, the
+all-gather's grow with N, so small meshes and wide tables with few ids keep
+the all-gather); "owners" routes every table it can, "all_gather" none.
+
+routed to owners
   forward, per table: the device deduplicates its own examples' ids (all the
   table's features: at most M = b x ids per example), sends each unique id to
   the device owning its row and gets the row back (two `all_to_all`s of
@@ -67,9 +73,10 @@ class Collectives:
         PartitionSpec (empty: the whole table on this device).
       num_shards: the product of the table axes' sizes.
       num_replicas: the size of the batch axis.
-      routing: "owners": ids sent to the devices owning their rows (all-to-all;
-        where table_axes == (batch_axis,)); "all_gather": every device sees the
-        global batch's ids (the scheme before routing; kept for comparison).
+      routing: "auto": per table, whichever of the two schemes moves fewer bytes
+        per device (`bytes_per_device`); "owners": ids sent to the devices owning
+        their rows (all-to-all; where table_axes == (batch_axis,)); "all_gather":
+        every device sees the global batch's ids.
       capacity_factor: C = ceil(capacity_factor * M / N) requests per owner and
         round (M: a device's id slots of a table); more rounds when exceeded.
     """
@@ -78,16 +85,16 @@ class Collectives:
     table_axes: tuple[str, ...] = ()
     num_shards: int = 1
     num_replicas: int = 1
-    routing: Literal["owners", "all_gather"] = "owners"
+    routing: Literal["auto", "owners", "all_gather"] = "auto"
     capacity_factor: float = 2.0
 
     def __post_init__(self) -> None:
-        if self.routing not in ("owners", "all_gather"):
+        if self.routing not in ("auto", "owners", "all_gather"):
             raise ValueError(
                 message(
-                    "Collectives.routing must be 'owners' or 'all_gather'.",
+                    "Collectives.routing must be 'auto', 'owners' or 'all_gather'.",
                     f"routing={self.routing!r}",
-                    "Use routing='owners' (the default).",
+                    "Use routing='auto' (the default).",
                 )
             )
         if not self.capacity_factor > 0:
@@ -101,9 +108,9 @@ class Collectives:
 
     @property
     def routed(self) -> bool:
-        """Whether ids go to their owners (else the global batch is all-gathered)."""
+        """Whether ids may go to their owners (else the global batch is all-gathered)."""
         return (
-            self.routing == "owners"
+            self.routing != "all_gather"
             and self.batch_axis is not None
             and self.table_axes == (self.batch_axis,)
             and self.num_shards > 1
@@ -167,12 +174,13 @@ def lookup_local(
     `tables[name]` is the local block [rows_per_shard, dim]; `ids[f]` [b, width]
     (−1 = padding) and `weights[f]` (or absent) are this replica's examples.
     """
-    if coll.routed:
-        return _lookup_routed(spec, coll, tables, ids, weights)
+    routed = [t for t in spec.tables if routes(spec, coll, t, ids)]
+    out = _lookup_routed(spec, coll, tables, ids, weights, routed)
     layouts = table_layouts(spec, coll.num_shards)
     shard = coll.shard_index()
-    out = {}
     for feature, table in spec.feature_tables.items():
+        if table in routed:
+            continue
         all_ids = coll.gather_batch(ids[feature])
         w = weights.get(feature)
         all_w = None if w is None else coll.gather_batch(w)
@@ -183,7 +191,39 @@ def lookup_local(
         scaled = gathered * jnp.where(mine, coef, 0.0)[..., None]
         partial = scaled if spec.features[feature].max_sequence_length else scaled.sum(axis=1)
         out[feature] = coll.scatter_batch(partial).astype(local.dtype)
-    return out
+    return {f: out[f] for f in spec.feature_tables}
+
+
+def bytes_per_device(spec: EmbeddingConfigSpec, coll: Collectives, table: str, ids: dict[str, Any]) -> dict[str, int]:
+    """Estimated bytes one device sends and receives per training step for `table`'s
+    lookup and gradients, by scheme (static: from the shapes of this replica's `ids`).
+
+    all_gather: the global batch's ids (and weights) in, the partial activations
+    reduce-scattered out and their gradients all-gathered in: N x (4 M [+4 M] + 8 A)
+    (M: this replica's id slots of the table, A: its activation values).
+    owners: one round of C = capacity(M, N) requests per owner: ids out and back,
+    rows back, gradients out: N x C x (8 + 8 dim), about 2 capacity_factor x M x
+    (1 + dim) x 4, whatever N is.
+    """
+    features = spec.features_of(table)
+    n, dim = coll.num_shards, spec.tables[table].dimension
+    m = sum(int(ids[f].size) for f in features)
+    acts = sum(
+        int(ids[f].size if spec.features[f].max_sequence_length else ids[f].shape[0]) * dim for f in features
+    )
+    weighted = sum(int(ids[f].size) for f in features if spec.features[f].weight_key)
+    cap = routing.capacity(m, n, coll.capacity_factor)
+    return {"all_gather": n * (4 * (m + weighted) + 8 * acts), "owners": n * cap * (8 + 8 * dim)}
+
+
+def routes(spec: EmbeddingConfigSpec, coll: Collectives, table: str, ids: dict[str, Any]) -> bool:
+    """Whether `table`'s ids go to their owners in this step (see `Collectives.routing`)."""
+    if not coll.routed or not spec.features_of(table):
+        return False
+    if coll.routing == "owners":
+        return True
+    estimate = bytes_per_device(spec, coll, table, ids)
+    return estimate["owners"] < estimate["all_gather"]
 
 
 def _table_route(spec: EmbeddingConfigSpec, coll: Collectives, table: str, ids: dict[str, Any]) -> tuple[Any, ...]:
@@ -196,13 +236,13 @@ def _table_route(spec: EmbeddingConfigSpec, coll: Collectives, table: str, ids: 
 
 
 def _lookup_routed(
-    spec: EmbeddingConfigSpec, coll: Collectives, tables: dict[str, Any], ids: dict[str, Any], weights: dict[str, Any]
+    spec: EmbeddingConfigSpec, coll: Collectives, tables: dict[str, Any], ids: dict[str, Any],
+    weights: dict[str, Any], routed: list[str],
 ) -> dict[str, Any]:
+    """The activations of the features of the `routed` tables."""
     out = {}
-    for table in spec.tables:
+    for table in routed:
         features = spec.features_of(table)
-        if not features:
-            continue
         layout, cap, route = _table_route(spec, coll, table, ids)
         local = tables[table]
         rows = routing.fetch_rows(route, layout, local, coll.batch_axis, cap)  # [M, dim]
@@ -215,7 +255,7 @@ def _lookup_routed(
             scaled = rows[inverse].astype(jnp.float32) * coef[..., None]
             combined = scaled if spec.features[feature].max_sequence_length else scaled.sum(axis=1)
             out[feature] = combined.astype(local.dtype)
-    return {f: out[f] for f in spec.feature_tables}
+    return out
 
 
 def row_gradients_local(
@@ -277,7 +317,7 @@ def apply_local(
     for table in spec.tables:
         rule = _Rule(spec, table, step)
         local, local_slots = tables[table], slots.get(table, {})
-        if coll.routed and spec.features_of(table):
+        if routes(spec, coll, table, ids):
             layout, cap, route = _table_route(spec, coll, table, ids)
             per_id = jnp.concatenate(
                 [_id_gradients(spec, f, ids, weights, activation_grads, grad_scale) for f in spec.features_of(table)]
