@@ -1,5 +1,11 @@
 """The host side of `train()`: feeds loops, runs hooks, host calls, logs and checkpoints.
 
+The feeder (`chunks`, on a Prefetch thread) groups batches into loops; the loop
+engine (estimator/engine.py) runs them with the hooks, the in-flight bound, the
+output fetching and the preemption check; `_Training` is train()'s policy on it
+(dispatch a loop's chunks, read it: NaN check, host calls, summaries; then log
+and save), with no loop queued ahead.
+
 One loop = `iterations_per_loop` steps in one compiled program ("scan"), or
 the same steps dispatched one by one ("step"; XLA:CPU runs convolutions in
 `lax.scan` slowly). Hooks, host calls, logging and checkpoints happen at loop
@@ -10,7 +16,6 @@ preemption.py) the loop saves the step it reached and train() returns a
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
 import logging
@@ -25,7 +30,8 @@ from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.errors import NanLossDuringTrainingError
 from tpu_estimator.checkpoint.manager import check_writable
-from tpu_estimator.estimator import hook_runner, inflight, liveness, preemption, progress
+from tpu_estimator.estimator import hook_runner, liveness, preemption, progress
+from tpu_estimator.estimator.engine import Done, Engine
 from tpu_estimator.estimator.runtime import Runtime
 from tpu_estimator.estimator.schedule import LoopSchedule
 from tpu_estimator.feeding import device
@@ -230,7 +236,7 @@ def _train(
             start_step=int(jax.device_get(state.step)),
         )
     )
-    loop = _Loop(core, runtime, all_hooks, listeners, schedule, watch)
+    loop = _Training(core, runtime, Engine(core, all_hooks, watch), listeners, schedule)
     try:
         return loop.run(state, feed, initial_input_state, saved=restore is not None)
     finally:
@@ -259,106 +265,138 @@ class LoopResult:
         return bool(np.all(np.isfinite(self.losses)))
 
 
-class _Loop:
-    """The host loop of one train() call: a sequence of named steps per loop."""
+@dataclasses.dataclass
+class _Queued:
+    """One loop's programs, dispatched: the state after them and each program's outputs."""
 
-    def __init__(self, core: "Core", runtime: Runtime, hooks: list[Any], listeners: list[Any],
-                 schedule: LoopSchedule, watch: preemption.Watch) -> None:
-        self.core, self.runtime, self.watch = core, runtime, watch
-        self.hooks, self.listeners = hooks, listeners
-        self.strategy, self.schedule = core.loop_strategy, schedule
+    state: Any
+    first_step: int
+    outs: list[tuple[bool, Any]]  # (single step?, device outputs) per program
+    steps: int
+    input_state: Any
+    started: float
+
+
+def loops(feed: Iterator[Chunk]) -> Iterator[Iterator[Chunk]]:
+    """The chunks of each loop, as they come: a loop is handed out once its first chunk is
+    placed, and the engine dispatches each chunk as soon as it arrives."""
+    for first in feed:
+        yield _through_end(first, feed)
+
+
+def _through_end(first: Chunk, feed: Iterator[Chunk]) -> Iterator[Chunk]:
+    yield first
+    if first.end_of_loop:
+        return
+    for chunk in feed:
+        yield chunk
+        if chunk.end_of_loop:
+            return
+
+
+class _Training:
+    """train()'s policy on the loop engine (estimator/engine.py): no loop queued ahead (the
+    next needs this one's state); per loop the named steps below."""
+
+    ahead = 0
+
+    def __init__(self, core: "Core", runtime: Runtime, engine: Engine, listeners: list[Any],
+                 schedule: LoopSchedule) -> None:
+        self.core, self.runtime, self.engine = core, runtime, engine
+        self.hooks, self.listeners = engine.hooks, listeners
+        self.schedule = schedule
         cfg = core.config
         self.save_cadence = Cadence(cfg.save_checkpoints_steps, cfg.save_checkpoints_secs)
         self.log_cadence = Cadence(cfg.log_step_count_steps)
         self.examples_per_step = runtime.layout.global_batch_size or 0
         self.saved_step: int | None = None
         self.summaries = TrainSummaries(core.model_dir, cfg.save_summary_steps, self.examples_per_step)
+        self.state: Any = None
+        self.step = 0
+        self.input_state: Any = None
+        self.restored = self.notice = False  # notice: a preemption notice stopped it
 
     def run(self, state: Any, feed: Iterator[Chunk], input_state: Any, *, saved: bool) -> TrainResult:
-        step = int(jax.device_get(state.step))
-        self.begin(state, step, input_state, saved=saved)
-        diverged = preempted = False
+        self.state, self.step, self.input_state = state, int(jax.device_get(state.step)), input_state
+        self.restored = saved
+        diverged = False
         try:
-            while True:
-                ctx = RunContext(session=self.core)
-                requests = [h.before_run(ctx) for h in self.hooks]
-                result = self.run_loop(state, feed, input_state, step)
-                if result.steps == 0:
-                    break
-                state, step, input_state = result.state, result.step, result.input_state
-                self.check_finite(result)
-                self.call_host(result)
-                self.summaries.after_loop(result.first_step, result.losses, result.summaries, state)
-                stop = self.after_hooks(ctx, requests, result)
+            for done, ctx in self.engine.run(loops(feed), self):
+                result: LoopResult = done.result
                 if not result.finite:  # a NanTensorHook(fail_on_nan_loss=False) warned
                     diverged = True  # keep the last good checkpoint
-                    break
+                    ctx.request_stop()
+                    continue
                 self.log(result)
-                preempted = self.check_preemption(result)
-                if preempted or self.save_cadence.due(step):
-                    self.save_cadence.mark(step)
-                    stop |= self.save(state, step, input_state)
-                if stop or preempted:
-                    break
+                if self.notice or self.save_cadence.due(result.step):
+                    self.save_cadence.mark(result.step)
+                    if self.save(self.state, result.step, self.input_state):
+                        ctx.request_stop()
         finally:
-            self.core.remember(state)
+            self.core.remember(self.state)
             self.summaries.flush()
-        self.end(state, step, input_state, diverged=diverged)
-        return TrainResult(step, preempted)
+        self.end(self.state, self.step, self.input_state, diverged=diverged)
+        return TrainResult(self.step, self.notice)
 
-    # --- the named steps -------------------------------------------------------------
+    # --- the engine's policy ---------------------------------------------------------
 
-    def begin(self, state: Any, step: int, input_state: Any, *, saved: bool) -> None:
-        """Hooks' and listeners' `begin`, the start step saved (if new), `after_create_session`."""
-        hook_runner.call_all(self.hooks, "begin")
+    def begin(self) -> None:
+        """Listeners' `begin`, the start step saved (if new); hooks may read the start step in
+        `after_create_session`."""
         for lis in self.listeners:
             lis.begin()
-        if saved:  # restored from this step's checkpoint
-            self.saved_step = step
-        self.save(state, step, input_state)
-        self.save_cadence.start(step)
-        self.log_cadence.start(step)
-        self.core.remember(state)  # hooks may read the start step in after_create_session
-        hook_runner.call_all(self.hooks, "after_create_session", self.core, None)
+        if self.restored:  # restored from this step's checkpoint
+            self.saved_step = self.step
+        self.save(self.state, self.step, self.input_state)
+        self.save_cadence.start(self.step)
+        self.log_cadence.start(self.step)
+        self.core.remember(self.state)
 
-    def run_loop(self, state: Any, feed: Iterator[Chunk], input_state: Any, first_step: int) -> LoopResult:
-        """Runs the chunks of one loop. Outputs of finished programs are fetched while the
-        device runs the later ones, so the loop's end (when the device idles) has little left
-        to fetch."""
-        outs: list[tuple[bool, Any]] = []  # (single step?, device outputs) per program
-        fetched: list[tuple[bool, Any]] = []  # host copies of outs[: len(fetched)]
-        n = 0
-        in_flight: collections.deque = collections.deque()
-        started = time.monotonic()
-
-        def dispatched(single: bool, out: Any) -> None:
-            outs.append((single, out))
-            if inflight.bound(in_flight, out["loss"]):
-                fetched.extend(jax.device_get(outs[len(fetched) : len(outs) - len(in_flight)]))
-
-        for chunk in feed:
+    def dispatch(self, loop: Iterator[Chunk]) -> _Queued:
+        """Dispatches the chunks of one loop as they arrive; each program's outputs start
+        moving to the host while the device runs the later ones."""
+        state, input_state = self.state, self.input_state
+        queued = _Queued(state, self.step, [], 0, input_state, time.monotonic())
+        submit = self.engine.submit
+        for chunk in loop:
             data = chunk.data
             if isinstance(data, list):  # one program per step
                 for batch, next_step in zip(data, chunk.next_steps):
                     state, out = self.runtime.program("step")(state, batch)
                     state = state.replace(step=next_step)
-                    n += 1
-                    dispatched(True, out)
+                    queued.outs.append((True, submit(out)))
+                    queued.steps += 1
             else:
                 state, out = self.runtime.program("scan")(state, data)
-                n += chunk.steps
-                dispatched(False, out)
+                queued.outs.append((False, submit(out)))
+                queued.steps += chunk.steps
             input_state = chunk.input_state
-            if chunk.end_of_loop:
-                break
-        if n == 0:
-            return LoopResult(state, first_step, 0, np.zeros(0), None, None, input_state)
-        fetched.extend(jax.device_get(outs[len(fetched) :]))
-        joined = _join(fetched)  # on the host: no extra device work
-        self.schedule.report(n, time.monotonic() - started)
-        return LoopResult(
-            state, first_step, n, joined["loss"], joined["host_call"], joined["summaries"], input_state
+        queued.state, queued.input_state = state, input_state
+        return queued
+
+    def read(self, queued: _Queued) -> Done:
+        """The loop's outputs on the host; NaN check, host calls and summaries before hooks."""
+        joined = _join(self.engine.fetch(queued.outs))  # on the host: no extra device work
+        self.schedule.report(queued.steps, time.monotonic() - queued.started)
+        result = LoopResult(
+            queued.state, queued.first_step, queued.steps, joined["loss"], joined["host_call"],
+            joined["summaries"], queued.input_state,
         )
+        self.state, self.step, self.input_state = result.state, result.step, result.input_state
+        self.check_finite(result)
+        self.call_host(result)
+        self.summaries.after_loop(result.first_step, result.losses, result.summaries, result.state)
+        values = hook_values(result.losses, result.summaries, result.step, result.state)
+        return Done(values, result.step, result)
+
+    def preempted(self, done: Done, ctx: RunContext) -> None:
+        """A preemption notice (every process at the same boundary): this step is saved and
+        the loop ends."""
+        log.warning("Preemption notice: stopping at global step %d to save it.", done.step)
+        self.notice = True
+        ctx.request_stop()
+
+    # --- the named steps -------------------------------------------------------------
 
     def check_finite(self, result: LoopResult) -> None:
         """Raises NanLossDuringTrainingError on a non-finite loss, unless a hook handles it."""
@@ -386,12 +424,6 @@ class _Loop:
             else:
                 fn(*args)
 
-    def after_hooks(self, ctx: RunContext, requests: list[Any], result: LoopResult) -> bool:
-        """Hooks' `after_run` with the values they asked for; True if one asked to stop."""
-        values = hook_values(result.losses, result.summaries, result.step, result.state)
-        hook_runner.after_run(self.hooks, ctx, requests, values, result.step)
-        return ctx.stop_requested
-
     def log(self, result: LoopResult) -> None:
         """Every `log_step_count_steps`: the loss and the rates, in the log and as summaries."""
         if not self.log_cadence.due(result.step):
@@ -403,14 +435,6 @@ class _Loop:
             result.losses[-1], result.step, rate, rate * self.examples_per_step,
         )
         self.summaries.rates(result.step, rate)
-
-    def check_preemption(self, result: LoopResult) -> bool:
-        """True when a preemption notice came (every process at the same boundary): the
-        loop saves this step and ends."""
-        if not self.watch.reached():
-            return False
-        log.warning("Preemption notice: stopping at global step %d to save it.", result.step)
-        return True
 
     def save(self, state: Any, step: int, input_state: Any) -> bool:
         """Saves `step` once, with listeners around it; True if a listener asks to stop."""
@@ -426,4 +450,4 @@ class _Loop:
         self.core.checkpointer.wait()  # `end` sees it as latest_checkpoint()
         for lis in self.listeners:
             lis.end(self.core, step)
-        hook_runner.call_all(self.hooks, "end", self.core)
+        self.engine.end()
