@@ -1,6 +1,6 @@
 """The host side of `train()`: feeds loops, runs hooks, host calls, logs and checkpoints.
 
-The feeder (`chunks`, on a Prefetch thread) groups batches into loops; the loop
+The feeder (train_feed.py, on a Prefetch thread) groups batches into loops; the loop
 engine (estimator/engine.py) runs them with the hooks, the in-flight bound, the
 output fetching and the preemption check; `_Training` is train()'s policy on it
 (dispatch a loop's chunks, read it: NaN check, host calls, summaries; then log
@@ -24,26 +24,23 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import PartitionSpec as P
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.errors import NanLossDuringTrainingError
 from tpu_estimator.checkpoint.manager import check_writable
-from tpu_estimator.estimator import hook_runner, liveness, preemption, progress
+from tpu_estimator.estimator import hook_runner, liveness, preemption, progress, train_feed
 from tpu_estimator.estimator.engine import Done, Engine
 from tpu_estimator.estimator.runtime import Runtime
 from tpu_estimator.estimator.schedule import LoopSchedule
-from tpu_estimator.feeding import device
-from tpu_estimator.feeding.device import Placer, batch_specs, stack
-from tpu_estimator.feeding.host_batches import HostBatch
+from tpu_estimator.estimator.train_feed import Chunk
+from tpu_estimator.feeding.device import batch_specs
 from tpu_estimator.feeding.input_state import get_input_state
 from tpu_estimator.feeding.prefetch import Prefetch
 from tpu_estimator.hooks.cadence import Cadence
 from tpu_estimator.hooks.listener import check_listeners, save_with_listeners
 from tpu_estimator.hooks.nan_tensor import handles_non_finite_loss
 from tpu_estimator.api.session_run_hook import RunContext
-from tpu_estimator.loops.strategy import LoopStrategy
 from tpu_estimator.parallel.distributed import lost_host_timeout_s
 from tpu_estimator.summary.train_summaries import TrainSummaries, hook_values
 
@@ -51,11 +48,6 @@ if TYPE_CHECKING:
     from tpu_estimator.estimator.core import Core
 
 log = logging.getLogger("tpu_estimator")
-
-# Most bytes of stacked input one program receives (tests lower it).
-MAX_CHUNK_BYTES = device.MAX_CHUNK_BYTES
-# Most batches in one chunk fed to per-step dispatch (each chunk is one hand-off between threads).
-STEP_CHUNK = 16
 
 
 def _join(fetched: list[tuple[bool, Any]]) -> Any:
@@ -69,19 +61,6 @@ def _join(fetched: list[tuple[bool, Any]]) -> Any:
     if len(parts) == 1:
         return parts[0]
     return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
-
-
-@dataclasses.dataclass
-class Chunk:
-    """Device input for some steps of one loop."""
-
-    data: Any  # stacked [k, B, ...] (scan) or a list of k batches (step)
-    steps: int
-    end_of_loop: bool
-    input_state: Any
-    # With a list: the global step after each batch, placed ahead of time (the step
-    # program leaves the counter to the host; see loops/train.py step_program).
-    next_steps: Any = None
 
 
 def check_steps(steps: Any, max_steps: Any) -> None:
@@ -100,54 +79,6 @@ def check_steps(steps: Any, max_steps: Any) -> None:
             raise TypeError(message(f"`{name}` must be a positive int or None.", f"{name}={value!r}"))
         if value <= 0:
             raise ValueError(message(f"Must specify {name} > 0.", f"{name}={value!r}"))
-
-
-def chunks(
-    batches: Iterator[HostBatch],
-    schedule: LoopSchedule,
-    specs: Any,
-    runtime: Runtime,
-    strategy: LoopStrategy,
-    iterator: Any,
-    start_step: int = 0,
-) -> Iterator[Chunk]:
-    """Runs on the feeder thread: groups host batches into loops, moves them to the devices.
-
-    "scan" loops come stacked, in chunks of at most MAX_CHUNK_BYTES. "step" loops
-    come as lists of batches growing 1, 2, 4, ... STEP_CHUNK: the first step
-    starts as soon as one batch is placed, with few hand-offs between threads.
-    The strategy is decided before the first chunk (`Core.state_for`).
-    """
-    place = {kind: Placer(spec, runtime.core.topology) for kind, spec in specs.items()}
-    place_step = Placer(P(), runtime.core.topology)
-    fed = start_step
-    step_chunk = 1
-    while (size := schedule.next_size()) is not None:
-        stacked = strategy.current == "scan"
-        done = 0
-        while done < size:
-            first = next(batches, None)
-            if first is None:
-                return
-            if not stacked:
-                limit, step_chunk = min(size - done, step_chunk), min(2 * step_chunk, STEP_CHUNK)
-            else:
-                per_batch = sum(x.nbytes for x in jax.tree.leaves(first.tree))
-                limit = min(size - done, device.chunk_steps(size, per_batch, MAX_CHUNK_BYTES))
-            group = [first, *itertools.islice(batches, limit - 1)]
-            done += len(group)
-            state = get_input_state(iterator)
-            last = done >= size or len(group) < limit
-            if stacked:  # written once, into memory XLA:CPU takes without a copy
-                data = place["stacked"](stack([b.tree for b in group]))
-                next_steps = None
-            else:
-                data = place["single"].many([b.tree for b in group])
-                next_steps = place_step.many([np.int32(fed + i + 1) for i in range(len(group))])
-            fed += len(group)
-            yield Chunk(data, len(group), last, state, next_steps)
-            if len(group) < limit:
-                return
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,7 +162,7 @@ def _train(
         all_hooks.extend(spec.chief_hooks)
     all_hooks.extend(progress.hooks_for("train", None if last is None else last - start, start))
     feed = Prefetch(
-        chunks(
+        train_feed.chunks(
             itertools.chain([first], batches), schedule, specs, runtime, core.loop_strategy, iterator,
             start_step=int(jax.device_get(state.step)),
         )
@@ -277,23 +208,6 @@ class _Queued:
     started: float
 
 
-def loops(feed: Iterator[Chunk]) -> Iterator[Iterator[Chunk]]:
-    """The chunks of each loop, as they come: a loop is handed out once its first chunk is
-    placed, and the engine dispatches each chunk as soon as it arrives."""
-    for first in feed:
-        yield _through_end(first, feed)
-
-
-def _through_end(first: Chunk, feed: Iterator[Chunk]) -> Iterator[Chunk]:
-    yield first
-    if first.end_of_loop:
-        return
-    for chunk in feed:
-        yield chunk
-        if chunk.end_of_loop:
-            return
-
-
 class _Training:
     """train()'s policy on the loop engine (estimator/engine.py): no loop queued ahead (the
     next needs this one's state); per loop the named steps below."""
@@ -321,7 +235,7 @@ class _Training:
         self.restored = saved
         diverged = False
         try:
-            for done, ctx in self.engine.run(loops(feed), self):
+            for done, ctx in self.engine.run(train_feed.loops(feed), self):
                 result: LoopResult = done.result
                 if not result.finite:  # a NanTensorHook(fail_on_nan_loss=False) warned
                     diverged = True  # keep the last good checkpoint
