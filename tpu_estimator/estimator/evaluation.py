@@ -2,7 +2,8 @@
 
 Batches run in loops of up to `iterations_per_loop` (estimator/inference.py:
 one on-device program per loop, or queued per-batch programs, with the host
-merging loop L while the devices run loop L+1). Full batches run the model as
+merging loop L while the devices run loop L+1), driven by the loop engine
+(estimator/engine.py); this module is the policy: what a loop's outputs mean. Full batches run the model as
 written; the loss of a batch is the mean of the replicas' losses. A padded
 final batch runs per example (see `loops/evaluate.py`) and its padding rows
 are dropped, so the loss and every metric count each real example once.
@@ -22,9 +23,9 @@ import numpy as np
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.estimator import hook_runner, inference, liveness, preemption, progress
+from tpu_estimator.estimator.engine import Done, Engine
 from tpu_estimator.feeding.device import Placer, batch_specs
 from tpu_estimator.feeding.lockstep import lockstep_feed, real_rows
-from tpu_estimator.api.session_run_hook import RunContext
 from tpu_estimator.metrics import Metric, merge_stacked
 from tpu_estimator.parallel.distributed import lost_host_timeout_s
 from tpu_estimator.paths import join
@@ -76,37 +77,44 @@ def _evaluate(core: "Core", input_fn: Any, steps: int | None, hooks: list[Any], 
     all_hooks = [*hooks, *runtime.spec.hooks, *progress.hooks_for("eval", steps)]
     place = Placer(batch_specs(batches.axes), core.topology)
 
-    acc = _Accumulator(runtime)
-    hook_runner.call_all(all_hooks, "begin")
-    hook_runner.call_all(all_hooks, "after_create_session", core, None)
     global_step = int(jax.device_get(state.step))
     strategy = core.loop_strategy.inference
     size = inference.loop_size(core.config.tpu_config.iterations_per_loop_parsed)
-    runner = inference.Runner(
-        runtime.program, {"single": "eval", "loop": "eval_scan", "padded": "eval_examples"},
-        (runtime.program_variables(state), state.step, state.rng), strategy=strategy, size=size,
-    )
     blocks = inference.blocking(strategy, size, first, lambda b: b.tree, core.topology, batches.axes)
-    evaluated = 0
+    acc = _Accumulator(runtime)
     with preemption.Watch(redeliver=True) as watch, \
             lockstep_feed(first, batches, lambda b: place(b.tree), steps=steps, blocking=blocks) as feed:
-        for done in runner.run(feed):
-            ctx = RunContext(session=core)
-            requests = [h.before_run(ctx) for h in all_hooks]
-            for fetched in runner.fetch(done):
-                acc.add(fetched)
-            evaluated += done.num_steps
-            values = {"loss": acc.loss_so_far(), "global_step": global_step, "batches": evaluated}
-            hook_runner.after_run(all_hooks, ctx, requests, values, global_step)
-            watch.raise_if_reached("evaluate()", batches=evaluated, global_step=global_step)
-            if ctx.stop_requested:
-                break
+        engine = Engine(core, all_hooks, watch)
+        policy = _Evaluation(
+            acc, engine, runtime.program, {"single": "eval", "loop": "eval_scan", "padded": "eval_examples"},
+            (runtime.program_variables(state), state.step, state.rng), strategy=strategy, size=size,
+            global_step=global_step,
+        )
+        for _ in engine.run(inference.loops(feed, size), policy):
+            pass  # the policy merged the loop; the engine ran its hooks
     results = acc.results()
     results["global_step"] = global_step
-    hook_runner.call_all(all_hooks, "end", core)
+    engine.end()
     record_eval(eval_dir(core.model_dir, name), global_step, results)  # process 0: event file + eval_results.jsonl
     log.info("Evaluation at step %d: %s", global_step, results)
     return results
+
+
+class _Evaluation(inference.InferencePolicy):
+    """evaluate()'s policy: each loop's outputs merged into the running loss and metrics."""
+
+    call = "evaluate()"
+
+    def __init__(self, acc: "_Accumulator", *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.acc = acc
+
+    def read(self, queued: inference.Dispatched) -> Done:
+        for fetched in self.fetch(queued):
+            self.acc.add(fetched)
+        self.batches += queued.num_steps
+        values = {"loss": self.acc.loss_so_far(), "global_step": self.global_step, "batches": self.batches}
+        return Done(values, self.global_step)
 
 
 def _flat(state: Any, lead: int) -> Any:

@@ -8,10 +8,10 @@ and places each block as one array (`feeding.lockstep.Block`, at most
 `MAX_CHUNK_BYTES` each, as training's chunks); on several, a loop's batches
 are stacked inside the program. With "step" each batch is its own queued
 program. A padded final batch always runs alone (its own program). Outputs
-are copied to the host asynchronously (`copy_to_host_async`) as soon as a
+are copied to the host asynchronously (`Engine.submit`) as soon as a
 program is dispatched, and the host reads loop L only after loop L+1 is
-queued: the devices compute while the host merges metrics or hands
-predictions out.
+queued (the policy's `ahead = 1`, estimator/engine.py): the devices compute
+while the host merges metrics or hands predictions out.
 
 Batches left at the end (fewer than a block, or a padded one) run batch by
 batch, so each call compiles at most one loop length. Hooks see
@@ -22,14 +22,14 @@ the loops up to the stop.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from typing import Any, Callable, Iterator, Union
 
 import jax
 import numpy as np
 
-from tpu_estimator.estimator import inflight
+from tpu_estimator.api.session_run_hook import RunContext
+from tpu_estimator.estimator.engine import Done, Engine
 from tpu_estimator.feeding.device import Placer, batch_specs, chunk_steps, stack
 from tpu_estimator.feeding.host_batches import HostBatch
 from tpu_estimator.feeding.lockstep import Block, Blocking
@@ -125,27 +125,33 @@ def loops(feed: Iterator[Any], size: int) -> Iterator[list[Unit]]:
         yield loop
 
 
-class Runner:
-    """Dispatches loops of one mode's programs and reads their outputs back.
+class InferencePolicy:
+    """evaluate()'s and predict()'s shared half of their engine policy (estimator/engine.py):
+    one loop queued ahead, a loop's programs dispatched, PreemptedError at a notice.
+    A subclass reads a loop (`read`), counting the batches it read in `self.batches`.
 
     `programs` names the programs: "single" (one batch), "loop" (k stacked
     batches) and "padded" (a padded batch); `args` are the leading arguments
     every program takes (variables, step, rng).
     """
 
-    def __init__(self, program: Callable[[str], Callable[..., Any]], programs: dict[str, str],
-                 args: tuple[Any, ...], *, strategy: str, size: int) -> None:
+    ahead = 1
+    call = "inference"  # "evaluate()" / "predict()" in messages
+
+    def __init__(self, engine: Engine, program: Callable[[str], Callable[..., Any]], programs: dict[str, str],
+                 args: tuple[Any, ...], *, strategy: str, size: int, global_step: int) -> None:
+        self.engine = engine
         self._program, self._names, self._args = program, programs, args
         self._scan = strategy == "scan" and size > 1
         self._size = size
-        self._in_flight: collections.deque = collections.deque()
+        self.global_step = global_step
+        self.batches = 0
 
-    def run(self, feed: Iterator[Any]) -> Iterator[Dispatched]:
-        """`feed`'s steps in loops of this runner's size, each yielded once the next is queued."""
-        return pipelined(loops(feed, self._size), self)
+    def begin(self) -> None:
+        """Nothing between the hooks' begin and after_create_session."""
 
     def dispatch(self, loop: list[Unit]) -> Dispatched:
-        """Queues `loop`'s programs and starts copying their outputs to the host."""
+        """Queues `loop`'s programs; their outputs start moving to the host."""
         steps = [u for u in loop if isinstance(u, Step)]
         if self._scan and len(steps) == len(loop) == self._size and not any(s.padded for s in steps):
             # several processes: the batches of a full loop, stacked inside one program
@@ -160,29 +166,16 @@ class Runner:
         return Dispatched(programs)
 
     def _run(self, kind: str, data: Any) -> Any:
-        out = self._program(self._names[kind])(*self._args, data)
-        leaves = jax.tree.leaves(out)
-        for leaf in leaves:
-            leaf.copy_to_host_async()
-        if leaves:
-            inflight.bound(self._in_flight, leaves[0])
-        return out
+        return self.engine.submit(self._program(self._names[kind])(*self._args, data))
 
-    @staticmethod
-    def fetch(done: Dispatched) -> list[Program]:
+    def fetch(self, done: Dispatched) -> list[Program]:
         """The loop's programs with their outputs on the host (waits for them)."""
-        outs = jax.device_get([p.out for p in done.programs])
+        outs = self.engine.fetch([p.out for p in done.programs])
         return [dataclasses.replace(p, out=out) for p, out in zip(done.programs, outs)]
 
+    def read(self, queued: Dispatched) -> Done:
+        raise NotImplementedError  # the mode's: what a loop's outputs mean
 
-def pipelined(steps: Iterator[list[Unit]], runner: Runner) -> Iterator[Dispatched]:
-    """Dispatches each loop, and yields it once the next one is queued too (the last one at
-    the end). A consumer that stops early leaves the loop queued behind it unread."""
-    pending = None
-    for loop in steps:
-        queued = runner.dispatch(loop)
-        if pending is not None:
-            yield pending
-        pending = queued
-    if pending is not None:
-        yield pending
+    def preempted(self, done: Done, ctx: RunContext) -> None:
+        """A preemption notice: PreemptedError, nothing recorded or handed out."""
+        raise self.engine.watch.error(self.call, batches=self.batches, global_step=self.global_step)

@@ -1,6 +1,7 @@
 """The host side of `predict()`: a generator of predictions in input order.
 
-Batches run in loops of up to `iterations_per_loop` (estimator/inference.py):
+Batches run in loops of up to `iterations_per_loop` (estimator/inference.py),
+driven by the loop engine (estimator/engine.py; this module is the policy):
 the caller consumes loop L's predictions while the devices run loop L+1.
 A final short batch is padded to the batch size (one compiled program) and
 the padding rows are dropped: exactly one prediction per input example.
@@ -22,9 +23,9 @@ import numpy as np
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.estimator import hook_runner, inference, liveness, preemption, progress
+from tpu_estimator.estimator.engine import Done, Engine
 from tpu_estimator.feeding.device import Placer, batch_specs
 from tpu_estimator.feeding.lockstep import lockstep_feed
-from tpu_estimator.api.session_run_hook import RunContext
 from tpu_estimator.parallel.distributed import lost_host_timeout_s
 
 if TYPE_CHECKING:
@@ -72,42 +73,48 @@ def _predictions(core, input_fn, predict_keys, hooks, checkpoint_path, single) -
     global_step = int(jax.device_get(state.step))
     strategy = core.loop_strategy.inference
     size = inference.loop_size(core.config.tpu_config.iterations_per_loop_parsed)
-    runner = inference.Runner(
-        runtime.program, {"single": "predict", "loop": "predict_scan", "padded": "predict"},
-        (runtime.program_variables(state), state.step, state.rng), strategy=strategy, size=size,
-    )
     blocks = inference.blocking(strategy, size, first, lambda b: b.features, topo, batches.axes[0])
-    gathered = runtime.placement.outputs == "gather"  # several hosts: this host's rows, in its order
-
-    hook_runner.call_all(all_hooks, "begin")
-    hook_runner.call_all(all_hooks, "after_create_session", core, None)
-    predicted = 0
+    # several hosts: the outputs are gathered; this host keeps its rows, in its order
+    rows_from = topo.host_id if runtime.placement.outputs == "gather" else None
     with preemption.Watch(redeliver=True) as watch, \
             lockstep_feed(first, batches, lambda b: place(b.features), blocking=blocks) as feed:
-        for done in runner.run(feed):
-            ctx = RunContext(session=core)
-            requests = [h.before_run(ctx) for h in all_hooks]
-            outputs = []
-            for fetched in runner.fetch(done):
-                for step, out in fetched.per_step():
-                    preds = _select(out, predict_keys)
-                    host = step.host
-                    if gathered:
-                        start = topo.host_id * host.size
-                        preds = jax.tree.map(lambda x: np.asarray(x)[start : start + host.size], preds)
-                    outputs.append(jax.tree.map(lambda x: np.asarray(x)[: host.num_real], preds))
-            predicted += len(outputs)
-            values = {"global_step": global_step, "batches": predicted}
-            hook_runner.after_run(all_hooks, ctx, requests, values, global_step)
-            watch.raise_if_reached("predict()", batches=predicted, global_step=global_step)
-            for preds in outputs:  # the devices run the next loop meanwhile
+        engine = Engine(core, all_hooks, watch)
+        policy = _Prediction(
+            predict_keys, rows_from, engine, runtime.program,
+            {"single": "predict", "loop": "predict_scan", "padded": "predict"},
+            (runtime.program_variables(state), state.step, state.rng), strategy=strategy, size=size,
+            global_step=global_step,
+        )
+        for done, _ in engine.run(inference.loops(feed, size), policy):
+            for preds in done.result:  # the devices run the next loop meanwhile
                 if single:
                     yield from _examples(preds)
                 else:
                     yield preds
-            if ctx.stop_requested:
-                break
-        hook_runner.call_all(all_hooks, "end", core)
+        engine.end()
+
+
+class _Prediction(inference.InferencePolicy):
+    """predict()'s policy: a loop's predictions, padding dropped, `predict_keys` selected."""
+
+    call = "predict()"
+
+    def __init__(self, keys: list[str] | None, rows_from: int | None, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.keys, self.rows_from = keys, rows_from
+
+    def read(self, queued: inference.Dispatched) -> Done:
+        outputs = []
+        for fetched in self.fetch(queued):
+            for step, out in fetched.per_step():
+                preds = _select(out, self.keys)
+                host = step.host
+                if self.rows_from is not None:
+                    start = self.rows_from * host.size
+                    preds = jax.tree.map(lambda x: np.asarray(x)[start : start + host.size], preds)
+                outputs.append(jax.tree.map(lambda x: np.asarray(x)[: host.num_real], preds))
+        self.batches += len(outputs)
+        return Done({"global_step": self.global_step, "batches": self.batches}, self.global_step, outputs)
 
 
 def _select(preds: Any, keys: list[str] | None) -> Any:

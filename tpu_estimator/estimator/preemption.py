@@ -7,7 +7,7 @@ maintenance events, spot VMs, `kubectl delete`, SLURM preemption). While
 once per loop boundary; when it says True, the loop saves that step (with
 the input position), runs the hooks' and listeners' `end`, and `train()`
 returns with `preempted=True`. `evaluate()` and `predict()` ask at each of
-their loop boundaries too and raise `PreemptedError` (`raise_if_reached`):
+their loop boundaries too and raise `PreemptedError` (`Watch.error`):
 partial metrics would be silently wrong, so none are recorded.
 
 One process: a Python SIGTERM handler that only records the signal (a
@@ -125,13 +125,14 @@ class Watch:
         self._acted = self._acted or reached
         return reached
 
-    def raise_if_reached(self, call: str, *, batches: int, global_step: int) -> None:
-        """At a loop boundary of evaluate()/predict(): `PreemptedError` when a notice came."""
-        if self.reached():
-            log.warning("Preemption notice: %s stops after %d batches.", call, batches)
-            raise PreemptedError(
-                f"{call} was preempted (SIGTERM) after {batches} batches of the checkpoint at "
-                f"global step {global_step}; nothing was written"
-                + (" (no metrics recorded: partial ones would be wrong)" if call.startswith("evaluate") else "")
-                + ". Run it again in the new job: the checkpoint is unchanged."
-            )
+    @staticmethod
+    def error(call: str, *, batches: int, global_step: int) -> PreemptedError:
+        """The `PreemptedError` evaluate()/predict() raise at the boundary where `reached()`
+        said True (estimator/engine.py asks, the mode's policy raises)."""
+        log.warning("Preemption notice: %s stops after %d batches.", call, batches)
+        return PreemptedError(
+            f"{call} was preempted (SIGTERM) after {batches} batches of the checkpoint at "
+            f"global step {global_step}; nothing was written"
+            + (" (no metrics recorded: partial ones would be wrong)" if call.startswith("evaluate") else "")
+            + ". Run it again in the new job: the checkpoint is unchanged."
+        )

@@ -1,5 +1,11 @@
 """The host side of `train()`: feeds loops, runs hooks, host calls, logs and checkpoints.
 
+The feeder (train_feed.py, on a Prefetch thread) groups batches into loops; the loop
+engine (estimator/engine.py) runs them with the hooks, the in-flight bound, the
+output fetching and the preemption check; `_Training` is train()'s policy on it
+(dispatch a loop's chunks, read it: NaN check, host calls, summaries; then log
+and save), with no loop queued ahead.
+
 One loop = `iterations_per_loop` steps in one compiled program ("scan"), or
 the same steps dispatched one by one ("step"; XLA:CPU runs convolutions in
 `lax.scan` slowly). Hooks, host calls, logging and checkpoints happen at loop
@@ -10,7 +16,6 @@ preemption.py) the loop saves the step it reached and train() returns a
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
 import logging
@@ -19,25 +24,23 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import PartitionSpec as P
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.errors import NanLossDuringTrainingError
 from tpu_estimator.checkpoint.manager import check_writable
-from tpu_estimator.estimator import hook_runner, inflight, liveness, preemption, progress
+from tpu_estimator.estimator import hook_runner, liveness, preemption, progress, train_feed
+from tpu_estimator.estimator.engine import Done, Engine
 from tpu_estimator.estimator.runtime import Runtime
 from tpu_estimator.estimator.schedule import LoopSchedule
-from tpu_estimator.feeding import device
-from tpu_estimator.feeding.device import Placer, batch_specs, stack
-from tpu_estimator.feeding.host_batches import HostBatch
+from tpu_estimator.estimator.train_feed import Chunk
+from tpu_estimator.feeding.device import batch_specs
 from tpu_estimator.feeding.input_state import get_input_state
 from tpu_estimator.feeding.prefetch import Prefetch
 from tpu_estimator.hooks.cadence import Cadence
 from tpu_estimator.hooks.listener import check_listeners, save_with_listeners
 from tpu_estimator.hooks.nan_tensor import handles_non_finite_loss
 from tpu_estimator.api.session_run_hook import RunContext
-from tpu_estimator.loops.strategy import LoopStrategy
 from tpu_estimator.parallel.distributed import lost_host_timeout_s
 from tpu_estimator.summary.train_summaries import TrainSummaries, hook_values
 
@@ -45,11 +48,6 @@ if TYPE_CHECKING:
     from tpu_estimator.estimator.core import Core
 
 log = logging.getLogger("tpu_estimator")
-
-# Most bytes of stacked input one program receives (tests lower it).
-MAX_CHUNK_BYTES = device.MAX_CHUNK_BYTES
-# Most batches in one chunk fed to per-step dispatch (each chunk is one hand-off between threads).
-STEP_CHUNK = 16
 
 
 def _join(fetched: list[tuple[bool, Any]]) -> Any:
@@ -63,19 +61,6 @@ def _join(fetched: list[tuple[bool, Any]]) -> Any:
     if len(parts) == 1:
         return parts[0]
     return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
-
-
-@dataclasses.dataclass
-class Chunk:
-    """Device input for some steps of one loop."""
-
-    data: Any  # stacked [k, B, ...] (scan) or a list of k batches (step)
-    steps: int
-    end_of_loop: bool
-    input_state: Any
-    # With a list: the global step after each batch, placed ahead of time (the step
-    # program leaves the counter to the host; see loops/train.py step_program).
-    next_steps: Any = None
 
 
 def check_steps(steps: Any, max_steps: Any) -> None:
@@ -94,54 +79,6 @@ def check_steps(steps: Any, max_steps: Any) -> None:
             raise TypeError(message(f"`{name}` must be a positive int or None.", f"{name}={value!r}"))
         if value <= 0:
             raise ValueError(message(f"Must specify {name} > 0.", f"{name}={value!r}"))
-
-
-def chunks(
-    batches: Iterator[HostBatch],
-    schedule: LoopSchedule,
-    specs: Any,
-    runtime: Runtime,
-    strategy: LoopStrategy,
-    iterator: Any,
-    start_step: int = 0,
-) -> Iterator[Chunk]:
-    """Runs on the feeder thread: groups host batches into loops, moves them to the devices.
-
-    "scan" loops come stacked, in chunks of at most MAX_CHUNK_BYTES. "step" loops
-    come as lists of batches growing 1, 2, 4, ... STEP_CHUNK: the first step
-    starts as soon as one batch is placed, with few hand-offs between threads.
-    The strategy is decided before the first chunk (`Core.state_for`).
-    """
-    place = {kind: Placer(spec, runtime.core.topology) for kind, spec in specs.items()}
-    place_step = Placer(P(), runtime.core.topology)
-    fed = start_step
-    step_chunk = 1
-    while (size := schedule.next_size()) is not None:
-        stacked = strategy.current == "scan"
-        done = 0
-        while done < size:
-            first = next(batches, None)
-            if first is None:
-                return
-            if not stacked:
-                limit, step_chunk = min(size - done, step_chunk), min(2 * step_chunk, STEP_CHUNK)
-            else:
-                per_batch = sum(x.nbytes for x in jax.tree.leaves(first.tree))
-                limit = min(size - done, device.chunk_steps(size, per_batch, MAX_CHUNK_BYTES))
-            group = [first, *itertools.islice(batches, limit - 1)]
-            done += len(group)
-            state = get_input_state(iterator)
-            last = done >= size or len(group) < limit
-            if stacked:  # written once, into memory XLA:CPU takes without a copy
-                data = place["stacked"](stack([b.tree for b in group]))
-                next_steps = None
-            else:
-                data = place["single"].many([b.tree for b in group])
-                next_steps = place_step.many([np.int32(fed + i + 1) for i in range(len(group))])
-            fed += len(group)
-            yield Chunk(data, len(group), last, state, next_steps)
-            if len(group) < limit:
-                return
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,12 +162,12 @@ def _train(
         all_hooks.extend(spec.chief_hooks)
     all_hooks.extend(progress.hooks_for("train", None if last is None else last - start, start))
     feed = Prefetch(
-        chunks(
+        train_feed.chunks(
             itertools.chain([first], batches), schedule, specs, runtime, core.loop_strategy, iterator,
             start_step=int(jax.device_get(state.step)),
         )
     )
-    loop = _Loop(core, runtime, all_hooks, listeners, schedule, watch)
+    loop = _Training(core, runtime, Engine(core, all_hooks, watch), listeners, schedule)
     try:
         return loop.run(state, feed, initial_input_state, saved=restore is not None)
     finally:
@@ -259,106 +196,121 @@ class LoopResult:
         return bool(np.all(np.isfinite(self.losses)))
 
 
-class _Loop:
-    """The host loop of one train() call: a sequence of named steps per loop."""
+@dataclasses.dataclass
+class _Queued:
+    """One loop's programs, dispatched: the state after them and each program's outputs."""
 
-    def __init__(self, core: "Core", runtime: Runtime, hooks: list[Any], listeners: list[Any],
-                 schedule: LoopSchedule, watch: preemption.Watch) -> None:
-        self.core, self.runtime, self.watch = core, runtime, watch
-        self.hooks, self.listeners = hooks, listeners
-        self.strategy, self.schedule = core.loop_strategy, schedule
+    state: Any
+    first_step: int
+    outs: list[tuple[bool, Any]]  # (single step?, device outputs) per program
+    steps: int
+    input_state: Any
+    started: float
+
+
+class _Training:
+    """train()'s policy on the loop engine (estimator/engine.py): no loop queued ahead (the
+    next needs this one's state); per loop the named steps below."""
+
+    ahead = 0
+
+    def __init__(self, core: "Core", runtime: Runtime, engine: Engine, listeners: list[Any],
+                 schedule: LoopSchedule) -> None:
+        self.core, self.runtime, self.engine = core, runtime, engine
+        self.hooks, self.listeners = engine.hooks, listeners
+        self.schedule = schedule
         cfg = core.config
         self.save_cadence = Cadence(cfg.save_checkpoints_steps, cfg.save_checkpoints_secs)
         self.log_cadence = Cadence(cfg.log_step_count_steps)
         self.examples_per_step = runtime.layout.global_batch_size or 0
         self.saved_step: int | None = None
         self.summaries = TrainSummaries(core.model_dir, cfg.save_summary_steps, self.examples_per_step)
+        self.state: Any = None
+        self.step = 0
+        self.input_state: Any = None
+        self.restored = self.notice = False  # notice: a preemption notice stopped it
 
     def run(self, state: Any, feed: Iterator[Chunk], input_state: Any, *, saved: bool) -> TrainResult:
-        step = int(jax.device_get(state.step))
-        self.begin(state, step, input_state, saved=saved)
-        diverged = preempted = False
+        self.state, self.step, self.input_state = state, int(jax.device_get(state.step)), input_state
+        self.restored = saved
+        diverged = False
         try:
-            while True:
-                ctx = RunContext(session=self.core)
-                requests = [h.before_run(ctx) for h in self.hooks]
-                result = self.run_loop(state, feed, input_state, step)
-                if result.steps == 0:
-                    break
-                state, step, input_state = result.state, result.step, result.input_state
-                self.check_finite(result)
-                self.call_host(result)
-                self.summaries.after_loop(result.first_step, result.losses, result.summaries, state)
-                stop = self.after_hooks(ctx, requests, result)
+            for done, ctx in self.engine.run(train_feed.loops(feed), self):
+                result: LoopResult = done.result
                 if not result.finite:  # a NanTensorHook(fail_on_nan_loss=False) warned
                     diverged = True  # keep the last good checkpoint
-                    break
+                    ctx.request_stop()
+                    continue
                 self.log(result)
-                preempted = self.check_preemption(result)
-                if preempted or self.save_cadence.due(step):
-                    self.save_cadence.mark(step)
-                    stop |= self.save(state, step, input_state)
-                if stop or preempted:
-                    break
+                if self.notice or self.save_cadence.due(result.step):
+                    self.save_cadence.mark(result.step)
+                    if self.save(self.state, result.step, self.input_state):
+                        ctx.request_stop()
         finally:
-            self.core.remember(state)
+            self.core.remember(self.state)
             self.summaries.flush()
-        self.end(state, step, input_state, diverged=diverged)
-        return TrainResult(step, preempted)
+        self.end(self.state, self.step, self.input_state, diverged=diverged)
+        return TrainResult(self.step, self.notice)
 
-    # --- the named steps -------------------------------------------------------------
+    # --- the engine's policy ---------------------------------------------------------
 
-    def begin(self, state: Any, step: int, input_state: Any, *, saved: bool) -> None:
-        """Hooks' and listeners' `begin`, the start step saved (if new), `after_create_session`."""
-        hook_runner.call_all(self.hooks, "begin")
+    def begin(self) -> None:
+        """Listeners' `begin`, the start step saved (if new); hooks may read the start step in
+        `after_create_session`."""
         for lis in self.listeners:
             lis.begin()
-        if saved:  # restored from this step's checkpoint
-            self.saved_step = step
-        self.save(state, step, input_state)
-        self.save_cadence.start(step)
-        self.log_cadence.start(step)
-        self.core.remember(state)  # hooks may read the start step in after_create_session
-        hook_runner.call_all(self.hooks, "after_create_session", self.core, None)
+        if self.restored:  # restored from this step's checkpoint
+            self.saved_step = self.step
+        self.save(self.state, self.step, self.input_state)
+        self.save_cadence.start(self.step)
+        self.log_cadence.start(self.step)
+        self.core.remember(self.state)
 
-    def run_loop(self, state: Any, feed: Iterator[Chunk], input_state: Any, first_step: int) -> LoopResult:
-        """Runs the chunks of one loop. Outputs of finished programs are fetched while the
-        device runs the later ones, so the loop's end (when the device idles) has little left
-        to fetch."""
-        outs: list[tuple[bool, Any]] = []  # (single step?, device outputs) per program
-        fetched: list[tuple[bool, Any]] = []  # host copies of outs[: len(fetched)]
-        n = 0
-        in_flight: collections.deque = collections.deque()
-        started = time.monotonic()
-
-        def dispatched(single: bool, out: Any) -> None:
-            outs.append((single, out))
-            if inflight.bound(in_flight, out["loss"]):
-                fetched.extend(jax.device_get(outs[len(fetched) : len(outs) - len(in_flight)]))
-
-        for chunk in feed:
+    def dispatch(self, loop: Iterator[Chunk]) -> _Queued:
+        """Dispatches the chunks of one loop as they arrive; each program's outputs start
+        moving to the host while the device runs the later ones."""
+        state, input_state = self.state, self.input_state
+        queued = _Queued(state, self.step, [], 0, input_state, time.monotonic())
+        submit = self.engine.submit
+        for chunk in loop:
             data = chunk.data
             if isinstance(data, list):  # one program per step
                 for batch, next_step in zip(data, chunk.next_steps):
                     state, out = self.runtime.program("step")(state, batch)
                     state = state.replace(step=next_step)
-                    n += 1
-                    dispatched(True, out)
+                    queued.outs.append((True, submit(out)))
+                    queued.steps += 1
             else:
                 state, out = self.runtime.program("scan")(state, data)
-                n += chunk.steps
-                dispatched(False, out)
+                queued.outs.append((False, submit(out)))
+                queued.steps += chunk.steps
             input_state = chunk.input_state
-            if chunk.end_of_loop:
-                break
-        if n == 0:
-            return LoopResult(state, first_step, 0, np.zeros(0), None, None, input_state)
-        fetched.extend(jax.device_get(outs[len(fetched) :]))
-        joined = _join(fetched)  # on the host: no extra device work
-        self.schedule.report(n, time.monotonic() - started)
-        return LoopResult(
-            state, first_step, n, joined["loss"], joined["host_call"], joined["summaries"], input_state
+        queued.state, queued.input_state = state, input_state
+        return queued
+
+    def read(self, queued: _Queued) -> Done:
+        """The loop's outputs on the host; NaN check, host calls and summaries before hooks."""
+        joined = _join(self.engine.fetch(queued.outs))  # on the host: no extra device work
+        self.schedule.report(queued.steps, time.monotonic() - queued.started)
+        result = LoopResult(
+            queued.state, queued.first_step, queued.steps, joined["loss"], joined["host_call"],
+            joined["summaries"], queued.input_state,
         )
+        self.state, self.step, self.input_state = result.state, result.step, result.input_state
+        self.check_finite(result)
+        self.call_host(result)
+        self.summaries.after_loop(result.first_step, result.losses, result.summaries, result.state)
+        values = hook_values(result.losses, result.summaries, result.step, result.state)
+        return Done(values, result.step, result)
+
+    def preempted(self, done: Done, ctx: RunContext) -> None:
+        """A preemption notice (every process at the same boundary): this step is saved and
+        the loop ends."""
+        log.warning("Preemption notice: stopping at global step %d to save it.", done.step)
+        self.notice = True
+        ctx.request_stop()
+
+    # --- the named steps -------------------------------------------------------------
 
     def check_finite(self, result: LoopResult) -> None:
         """Raises NanLossDuringTrainingError on a non-finite loss, unless a hook handles it."""
@@ -386,12 +338,6 @@ class _Loop:
             else:
                 fn(*args)
 
-    def after_hooks(self, ctx: RunContext, requests: list[Any], result: LoopResult) -> bool:
-        """Hooks' `after_run` with the values they asked for; True if one asked to stop."""
-        values = hook_values(result.losses, result.summaries, result.step, result.state)
-        hook_runner.after_run(self.hooks, ctx, requests, values, result.step)
-        return ctx.stop_requested
-
     def log(self, result: LoopResult) -> None:
         """Every `log_step_count_steps`: the loss and the rates, in the log and as summaries."""
         if not self.log_cadence.due(result.step):
@@ -403,14 +349,6 @@ class _Loop:
             result.losses[-1], result.step, rate, rate * self.examples_per_step,
         )
         self.summaries.rates(result.step, rate)
-
-    def check_preemption(self, result: LoopResult) -> bool:
-        """True when a preemption notice came (every process at the same boundary): the
-        loop saves this step and ends."""
-        if not self.watch.reached():
-            return False
-        log.warning("Preemption notice: stopping at global step %d to save it.", result.step)
-        return True
 
     def save(self, state: Any, step: int, input_state: Any) -> bool:
         """Saves `step` once, with listeners around it; True if a listener asks to stop."""
@@ -426,4 +364,4 @@ class _Loop:
         self.core.checkpointer.wait()  # `end` sees it as latest_checkpoint()
         for lis in self.listeners:
             lis.end(self.core, step)
-        hook_runner.call_all(self.hooks, "end", self.core)
+        self.engine.end()
