@@ -246,11 +246,22 @@ class _Training:
                     self.save_cadence.mark(result.step)
                     if self.save(self.state, result.step, self.input_state):
                         ctx.request_stop()
-        finally:
+        except BaseException:
             self.core.remember(self.state)
-            self.summaries.flush()
+            self.flush_quietly()  # the error in flight is the one the caller sees
+            raise
+        self.core.remember(self.state)
+        self.summaries.flush()
         self.end(self.state, self.step, self.input_state, diverged=diverged)
         return TrainResult(self.step, self.notice)
+
+    def flush_quietly(self) -> None:
+        """The summaries written so far, while another error ends train(): a failure to write
+        them is logged, not raised over that error (which names what went wrong first)."""
+        try:
+            self.summaries.flush()
+        except Exception as e:  # noqa: BLE001 - logged; the original error is raised
+            log.warning("Summaries were not all written while train() ended on an error: %s", e)
 
     # --- the engine's policy ---------------------------------------------------------
 
