@@ -56,6 +56,12 @@ checkpoint/variables.py). The core holds the components of a run in
 `BoundModel.components`; they are registered in one place
 (`estimator/components.py`) from the user's settings.
 
+`init(state)` runs again after warm start or a Scaffold's init_fn, with the
+state's current `extras`: a component whose state does not derive from the
+parameters (the tables) returns `state.extras[name]` when it is there.
+tests/extras/test_seam.py has a toy component with the program hooks (a small
+table looked up by a feature) in thirty lines.
+
 Example, a component that counts the steps (`counter/count` in checkpoints):
 
     @dataclasses.dataclass(frozen=True)
