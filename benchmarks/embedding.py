@@ -379,7 +379,7 @@ def main(argv=None) -> int:
     est, probe = estimator(shapes), StateProbe()
     est.train(lambda params: iter(batches), steps=STEPS, hooks=[probe])  # warm-up: compiles
     print(f"warm-up: ours {time.perf_counter() - t0:.0f} s", flush=True)
-    emb = probe.state.embedding  # (read now: the next call donates these buffers)
+    emb = probe.state.extras["embedding"]  # (read now: the next call donates these buffers)
     ours_bytes = per_device_bytes((emb.tables, emb.slots))
     ref = Replicated(shapes)
     ref.per_step(batches[:2])

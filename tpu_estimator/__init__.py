@@ -67,9 +67,9 @@ if _typing.TYPE_CHECKING:  # what type checkers and readers see; at run time `__
     from tpu_estimator.errors import NanLossDuringTrainingError as NanLossDuringTrainingError
     from tpu_estimator.errors import PreemptedError as PreemptedError
     from tpu_estimator.parallel.input_context import InputContext as InputContext
-    from tpu_estimator.checkpoint.reader import list_variables as list_variables
+    from tpu_estimator.estimator.variables import list_variables as list_variables
     from tpu_estimator.loops.compiles import count_compiles as count_compiles
-    from tpu_estimator.checkpoint.reader import load_variable as load_variable
+    from tpu_estimator.estimator.variables import load_variable as load_variable
     from tpu_estimator.checkpoint.iterator import checkpoints_iterator as checkpoints_iterator
 
     # --- export and serving ---
@@ -173,7 +173,7 @@ _LAZY = {
         "PreemptedError",
     ),
     "tpu_estimator.parallel.input_context": ("InputContext",),
-    "tpu_estimator.checkpoint.reader": ("list_variables", "load_variable"),
+    "tpu_estimator.estimator.variables": ("list_variables", "load_variable"),
     "tpu_estimator.checkpoint.iterator": ("checkpoints_iterator",),
     "tpu_estimator.loops.compiles": ("count_compiles",),
     "tpu_estimator.export.inference": ("ExportSavedModelApiVersion", "inference_on_tpu"),

@@ -172,7 +172,7 @@ def test_tables_are_whole_and_trained(runs):
 
 def test_each_device_holds_an_eighth_of_each_table_and_slot(runs):
     _, state, _, _, _ = runs[8]
-    emb = state.embedding
+    emb = state.extras["embedding"]
     for name, rows in (("users", 7), ("items", 26)):  # ceil(V / 8)
         for array in (emb.tables[name], *emb.slots[name].values()):
             shapes = {s.data.shape for s in array.addressable_shards}
@@ -293,3 +293,29 @@ def test_model_parallel_replicas_look_up_like_1_device(runs, tmp_path):
     )
     est.train(train_input(BATCHES[:STEPS]), max_steps=STEPS)
     np.testing.assert_allclose(est.evaluate(train_input(UNEVEN))["loss"], runs[1][2]["loss"], rtol=1e-5)
+
+
+def test_a_checkpoint_of_the_previous_layout_restores(runs, tmp_path):
+    """Checkpoints written before the tables became a component (tpu_estimator 0.1.0) held
+    them at the top level (`embedding`), not under `extras`: they are read, evaluated and
+    trained on as before."""
+    from tpu_estimator.checkpoint.manager import Checkpointer
+
+    est, _, evaluated, _, tables = runs[1]
+    source = Checkpointer(est.model_dir, read_only=True)
+    raw = source.restore_raw(STEPS)
+    source.close()
+    extras = dict(raw.pop("extras"))
+    legacy = {**raw, "embedding": extras.pop("embedding"), **({"extras": extras} if extras else {})}
+    old_dir = str(tmp_path / "legacy")
+    writer = Checkpointer(old_dir)
+    writer.save(STEPS, legacy)
+    writer.wait()
+    writer.close()
+    assert dict(te.list_variables(old_dir))["embedding/items/accumulator"] == (203, DIM)
+    np.testing.assert_array_equal(te.load_variable(old_dir, "embedding/items"), tables["embedding/items"])
+    old = estimator(old_dir, use_tpu=False)
+    np.testing.assert_allclose(old.evaluate(train_input(UNEVEN))["loss"], evaluated["loss"], rtol=1e-6)
+    old.train(train_input(BATCHES[:1]), max_steps=STEPS + 1)
+    assert old.get_variable_value("global_step") == STEPS + 1
+    assert "embedding/items" in old.get_variable_names()

@@ -270,5 +270,5 @@ def test_composes_with_embedding_tables(tmp_path):
         np.testing.assert_allclose(fsdp.get_variable_value(n), rep.get_variable_value(n), rtol=1e-4, atol=1e-6)
     kernel = fsdp_probe.state.params["Dense_0"]["kernel"]
     assert kernel.sharding.spec == P(None, "data") and kernel.addressable_shards[0].data.shape == (51, 16)
-    table = fsdp_probe.state.embedding.tables["users"]  # still rows over the devices
+    table = fsdp_probe.state.extras["embedding"].tables["users"]  # still rows over the devices
     assert table.addressable_shards[0].data.shape[0] * 8 == table.shape[0]

@@ -30,19 +30,23 @@ from etils import epath
 from tpu_estimator.api.checks import message
 from tpu_estimator.checkpoint import flat_io, integrity
 from tpu_estimator.checkpoint.manager import Checkpointer
-from tpu_estimator.checkpoint.variables import GLOBAL_STEP, checkpoint_shapes, checkpoint_variables
+from tpu_estimator.checkpoint.variables import GLOBAL_STEP, Readers, checkpoint_shapes, checkpoint_variables
 from tpu_estimator.paths import as_uri, join
 
 _PARAMS_PREFIX = "params/"
 _SHOWN_NAMES = 50  # names listed in an unknown-name error
 
 
-def list_variables(ckpt_dir_or_file: str | os.PathLike[str]) -> list[tuple[str, tuple[int, ...]]]:
+def list_variables(
+    ckpt_dir_or_file: str | os.PathLike[str], *, readers: Readers | None = None
+) -> list[tuple[str, tuple[int, ...]]]:
     """The saved variables' names and shapes, sorted by name; no array is read.
 
     Args:
       ckpt_dir_or_file: A model_dir (its latest checkpoint), one checkpoint
         `<model_dir>/<step>`, or an export directory.
+      readers: Readers of components' state (checkpoint/variables.py; the public
+        `tpu_estimator.list_variables` passes the registered ones).
 
     Returns:
       `[(name, shape), ...]`, e.g. `[('Dense_0/bias', (16,)), ...,
@@ -53,10 +57,12 @@ def list_variables(ckpt_dir_or_file: str | os.PathLike[str]) -> list[tuple[str, 
       DamagedCheckpointError: (a ValueError) the checkpoint read (a model_dir's newest) is
         damaged: its files differ from those recorded when it was saved.
     """
-    return sorted(_open(ckpt_dir_or_file).shapes().items())
+    return sorted(_open(ckpt_dir_or_file, readers).shapes().items())
 
 
-def load_variable(ckpt_dir_or_file: str | os.PathLike[str], name: str) -> np.ndarray:
+def load_variable(
+    ckpt_dir_or_file: str | os.PathLike[str], name: str, *, readers: Readers | None = None
+) -> np.ndarray:
     """The saved value of one variable (see `list_variables` for the names).
 
     Only that variable is read; the checkpoint may come from any device count.
@@ -65,6 +71,7 @@ def load_variable(ckpt_dir_or_file: str | os.PathLike[str], name: str) -> np.nda
       ckpt_dir_or_file: A model_dir (its latest checkpoint), one checkpoint
         `<model_dir>/<step>`, or an export directory.
       name: A variable name, e.g. `'Dense_0/kernel'` or `'global_step'`.
+      readers: As in `list_variables`.
 
     Returns:
       The value as a numpy array.
@@ -74,7 +81,7 @@ def load_variable(ckpt_dir_or_file: str | os.PathLike[str], name: str) -> np.nda
         not saved there (the message lists the names that are).
       DamagedCheckpointError: (a ValueError) the checkpoint read is damaged.
     """
-    source = _open(ckpt_dir_or_file)
+    source = _open(ckpt_dir_or_file, readers)
     names = sorted(source.shapes())
     if name not in names:
         shown = names[:_SHOWN_NAMES]
@@ -89,9 +96,11 @@ def load_variable(ckpt_dir_or_file: str | os.PathLike[str], name: str) -> np.nda
     return source.read([name])[name]
 
 
-def load_variables(ckpt_dir_or_file: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+def load_variables(
+    ckpt_dir_or_file: str | os.PathLike[str], *, readers: Readers | None = None
+) -> dict[str, np.ndarray]:
     """Every saved variable by name (`global_step` included when saved)."""
-    return _open(ckpt_dir_or_file).read(None)
+    return _open(ckpt_dir_or_file, readers).read(None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,12 +137,13 @@ class _Checkpoint:
     """One Orbax checkpoint `<model_dir>/<step>`."""
 
     path: str
+    readers: Readers | None = None
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        return checkpoint_shapes(self.path)
+        return checkpoint_shapes(self.path, self.readers)
 
     def read(self, names: Iterable[str] | None) -> dict[str, np.ndarray]:
-        return checkpoint_variables(self.path, names)
+        return checkpoint_variables(self.path, names, self.readers)
 
 
 def _unprefixed(name: str) -> str:
@@ -149,7 +159,7 @@ def _with_checkpointer(directory: str, fn: Callable[[Checkpointer], Any]) -> Any
         ckpt.close()
 
 
-def _open(ckpt_dir_or_file: Any) -> _Export | _Checkpoint:
+def _open(ckpt_dir_or_file: Any, readers: Readers | None = None) -> _Export | _Checkpoint:
     """The export or checkpoint that `ckpt_dir_or_file` names (bytes too, as
     `export_saved_model` returns the export's path)."""
     if isinstance(ckpt_dir_or_file, bytes):
@@ -180,13 +190,13 @@ def _open(ckpt_dir_or_file: Any) -> _Export | _Checkpoint:
     steps = _with_checkpointer(path, lambda c: c.all_steps())  # verified: see checkpoint/integrity.py
     step = integrity.newest_intact(path, steps, fall_back=False, configurable=False)
     if step is not None:
-        return _Checkpoint(join(path, str(step)))
+        return _Checkpoint(join(path, str(step)), readers)
     base, name = str(epath.Path(path).parent), epath.Path(path).name
     if name.isdigit():
         steps = _with_checkpointer(base, lambda c: c.all_steps())
         if int(name) in steps:
             integrity.check_chosen(base, int(name), steps)
-            return _Checkpoint(path)
+            return _Checkpoint(path, readers)
     raise ValueError(
         message(
             "Expected a model_dir with checkpoints, a checkpoint `<model_dir>/<step>` or an export "

@@ -9,16 +9,67 @@ model or a mesh (a checkpoint from any device count).
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 import jax
 import numpy as np
 
 from tpu_estimator.checkpoint.numpy_read import restore_state_numpy, state_metadata
-from tpu_estimator.embedding.layout import saved_layouts
-from tpu_estimator.model.state import EMBEDDING
 
 GLOBAL_STEP = "global_step"
+EXTRAS = "extras"
+_FIELDS = ("params", "collections", "opt_state", "step", "rng", EXTRAS)  # TrainState's, as saved
+
+Read = Callable[[Any], Any]  # a part of a component's saved metadata -> those leaves as numpy
+
+
+class VariableReader(Protocol):
+    """Names and reads the variables of one component's saved state whose names are not its
+    paths (the embedding tables: whole logical tables from sharded storage). `saved` is the
+    metadata of the component's state; `read` reads a part of it as numpy."""
+
+    def names(self, saved: Any) -> dict[str, tuple[Any, tuple[str, ...]]]:
+        """name -> (its leaf's metadata, its path inside the component's state)."""
+        ...
+
+    def shapes(self, saved: Any, read: Read) -> dict[str, tuple[int, ...]]:
+        """name -> the shape users see."""
+        ...
+
+    def logical(self, saved: Any, read: Read, stored: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """`stored` (name -> the leaf as saved) as users see the variables."""
+        ...
+
+
+Readers = Mapping[str, Callable[[], VariableReader]]  # component name -> (lazily made) reader
+
+
+def saved_state(tree: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, tuple[str, ...]]]:
+    """(a saved state tree with every component's state under `extras`, component name ->
+    where its state is saved). Checkpoints written before the embedding tables became a
+    component (tpu_estimator 0.1.0) kept them at the top level, under their name."""
+    tree = dict(tree)
+    moved = {k: tree.pop(k) for k in list(tree) if k not in _FIELDS}
+    where = {name: (EXTRAS, name) for name in dict(tree.get(EXTRAS) or {})}
+    where.update({name: (name,) for name in moved})
+    if moved:
+        tree[EXTRAS] = {**dict(tree.get(EXTRAS) or {}), **moved}
+    return tree, where
+
+
+def reader_at(checkpoint_path: str, where: tuple[str, ...]) -> Read:
+    """`read` for the component state saved at `where` in checkpoint `checkpoint_path`."""
+
+    def read(part: Any) -> Any:
+        tree = part
+        for key in reversed(where):
+            tree = {key: tree}
+        raw = restore_state_numpy(checkpoint_path, tree)
+        for key in where:
+            raw = raw[key]
+        return raw
+
+    return read
 
 
 def variable_name(path: Any) -> str:
@@ -42,57 +93,86 @@ def state_variable_name(path: Any) -> str | None:
     return GLOBAL_STEP if keys == ["step"] else None
 
 
-def _variable_leaves(tree: Any) -> list[tuple[Any, str, Any]]:
-    """(path, name, leaf) of the variables of a saved state (or of its metadata)."""
+def _variable_leaves(tree: Any, skip: Iterable[str] = ()) -> list[tuple[Any, str, Any]]:
+    """(path, name, leaf) of the variables of a saved state (or of its metadata); the state of
+    components in `skip` (named by their readers) left out."""
+    skip = set(skip)
     out = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        keys = [str(getattr(p, "key", getattr(p, "idx", p))) for p in path]
+        if len(keys) > 1 and keys[0] == EXTRAS and keys[1] in skip:
+            continue
         name = state_variable_name(path)
         if name is not None:
             out.append((path, name, leaf))
     return out
 
 
-def checkpoint_shapes(checkpoint_path: str) -> dict[str, tuple[int, ...]]:
+def _readers(meta: dict[str, Any], readers: Readers | None) -> dict[str, VariableReader]:
+    """The readers of the components whose state `meta` holds (made only for those)."""
+    saved = dict(meta.get(EXTRAS) or {})
+    return {name: make() for name, make in (readers or {}).items() if name in saved}
+
+
+def checkpoint_shapes(checkpoint_path: str, readers: Readers | None = None) -> dict[str, tuple[int, ...]]:
     """{name: shape} of the variables of checkpoint `<model_dir>/<step>`, `global_step`
-    and whole embedding tables included; reads no array but the tables' layouts."""
-    meta = state_metadata(checkpoint_path)
-    shapes = {name: tuple(leaf.shape) for _, name, leaf in _variable_leaves(meta)}
-    tables = _embedding_names(checkpoint_path, meta)
-    shapes.update({name: (layout.vocabulary_size, *leaf.shape[1:]) for name, (layout, leaf, _) in tables.items()})
+    and the variables of components with `readers` (whole embedding tables) included; reads
+    no array but what the readers need (the tables' layouts)."""
+    meta, where = saved_state(state_metadata(checkpoint_path))
+    found = _readers(meta, readers)
+    shapes = {name: tuple(leaf.shape) for _, name, leaf in _variable_leaves(meta, found)}
+    for comp, reader in found.items():
+        shapes.update(reader.shapes(meta[EXTRAS][comp], reader_at(checkpoint_path, where[comp])))
     return shapes
 
 
 def checkpoint_variables(
-    checkpoint_path: str, names: Iterable[str] | None = None
+    checkpoint_path: str, names: Iterable[str] | None = None, readers: Readers | None = None
 ) -> dict[str, np.ndarray]:
     """The variables of checkpoint `<model_dir>/<step>` by name, plus `global_step`, and the
-    embedding tables and their slots whole (`embedding/<table>`, `embedding/<table>/<slot>`).
+    variables of components with `readers` (the embedding tables and their slots whole:
+    `embedding/<table>`, `embedding/<table>/<slot>`).
 
     Read as numpy arrays on any device count; the optimizer state is not read.
     `names` reads only those (names the checkpoint lacks are left out).
     """
     wanted = None if names is None else set(names)
-    meta = state_metadata(checkpoint_path)
+    meta, where = saved_state(state_metadata(checkpoint_path))
+    found = _readers(meta, readers)
     subtree: dict[str, Any] = {}
-    for path, name, leaf in _variable_leaves(meta):
+    plain: dict[str, list[Any]] = {}
+    for path, name, leaf in _variable_leaves(meta, found):
         if wanted is None or name in wanted:
-            _put(subtree, [getattr(p, "key", getattr(p, "idx", p)) for p in path], leaf)
-    tables = {
-        name: entry for name, entry in _embedding_names(checkpoint_path, meta).items()
-        if wanted is None or name in wanted
-    }
-    for _, leaf, keys in tables.values():
-        _put(subtree, keys, leaf)
+            plain[name] = _stored([getattr(p, "key", getattr(p, "idx", p)) for p in path], where)
+            _put(subtree, plain[name], leaf)
+    chosen: dict[str, dict[str, list[Any]]] = {}
+    for comp, reader in found.items():
+        for name, (leaf, inside) in reader.names(meta[EXTRAS][comp]).items():
+            if wanted is None or name in wanted:
+                chosen.setdefault(comp, {})[name] = [*where[comp], *inside]
+                _put(subtree, chosen[comp][name], leaf)
     if not subtree:
         return {}
     raw = restore_state_numpy(checkpoint_path, subtree)
-    out = {name: np.asarray(leaf) for _, name, leaf in _variable_leaves(raw)}
-    for name, (layout, _, keys) in tables.items():
-        node = raw
-        for key in keys:
-            node = node[key]
-        out[name] = layout.to_logical(node)
+    out = {name: np.asarray(_at(raw, keys)) for name, keys in plain.items()}
+    for comp, paths in chosen.items():
+        stored = {name: _at(raw, keys) for name, keys in paths.items()}
+        read = reader_at(checkpoint_path, where[comp])
+        out.update(found[comp].logical(meta[EXTRAS][comp], read, stored))
     return out
+
+
+def _stored(keys: list[Any], where: Mapping[str, tuple[str, ...]]) -> list[Any]:
+    """The saved path of a path of `saved_state`'s tree (a component's state may sit elsewhere)."""
+    if len(keys) > 1 and keys[0] == EXTRAS and keys[1] in where:
+        return [*where[keys[1]], *keys[2:]]
+    return keys
+
+
+def _at(tree: Any, keys: list[Any]) -> Any:
+    for key in keys:
+        tree = tree[key]
+    return tree
 
 
 def _put(tree: dict[str, Any], keys: list[Any], leaf: Any) -> None:
@@ -100,26 +180,3 @@ def _put(tree: dict[str, Any], keys: list[Any], leaf: Any) -> None:
     for key in keys[:-1]:
         node = node.setdefault(key, {})
     node[keys[-1]] = leaf
-
-
-def embedding_layout(checkpoint_path: str, meta: dict[str, Any]) -> dict[str, np.ndarray]:
-    """The saved `EmbeddingState.layout` of checkpoint `<model_dir>/<step>` (whose
-    `state_metadata` is `meta`): table -> int32 `[vocabulary_size, shards, strategy]`;
-    empty without embedding tables. Reads only these small arrays."""
-    saved = (meta.get(EMBEDDING) or {}).get("layout")
-    if not saved:
-        return {}
-    return dict(restore_state_numpy(checkpoint_path, {EMBEDDING: {"layout": saved}})[EMBEDDING]["layout"])
-
-
-def _embedding_names(checkpoint_path: str, meta: dict[str, Any]) -> dict[str, tuple[Any, Any, list[str]]]:
-    """name -> (row layout, saved metadata, path in the state) of each embedding table and slot
-    (`embedding/<table>`, `embedding/<table>/<slot>`); reads the small layout arrays."""
-    saved = meta.get(EMBEDDING) or {}
-    layouts = saved_layouts(embedding_layout(checkpoint_path, meta))
-    out = {}
-    for table, leaf in (saved.get("tables") or {}).items():
-        out[f"{EMBEDDING}/{table}"] = (layouts[table], leaf, [EMBEDDING, "tables", table])
-        for slot, slot_leaf in ((saved.get("slots") or {}).get(table) or {}).items():
-            out[f"{EMBEDDING}/{table}/{slot}"] = (layouts[table], slot_leaf, [EMBEDDING, "slots", table, slot])
-    return out

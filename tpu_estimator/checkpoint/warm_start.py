@@ -21,8 +21,7 @@ from tpu_estimator.api.checks import message
 from tpu_estimator.api.keywords import suggest_keywords
 from tpu_estimator.checkpoint.reader import load_variables
 from tpu_estimator.checkpoint.tf_checkpoint import tf_checkpoint_prefix, tf_variables
-from tpu_estimator.checkpoint.variables import GLOBAL_STEP, flatten, variable_name
-from tpu_estimator.model.state import EMBEDDING
+from tpu_estimator.checkpoint.variables import GLOBAL_STEP, Readers, flatten, variable_name
 from tpu_estimator.paths import as_uri
 
 log = logging.getLogger("tpu_estimator")
@@ -89,17 +88,18 @@ def settings_of(warm_start_from: Any) -> WarmStartSettings | None:
     )
 
 
-def source_variables(path: str) -> dict[str, np.ndarray]:
+def source_variables(path: str, readers: Readers | None = None) -> dict[str, np.ndarray]:
     """The variables saved at `path` (model_dir, `<model_dir>/<step>`, an export, or a TF
     checkpoint), by name.
 
-    Read by `checkpoint/reader.py` (as `tpu_estimator.load_variable`), without `global_step`;
+    Read by `checkpoint/reader.py` (as `tpu_estimator.load_variable`, with the components'
+    `readers`), without `global_step`;
     a TF checkpoint by `checkpoint/tf_checkpoint.py` (TF's names, without optimizer slots).
     """
     tf_prefix = tf_checkpoint_prefix(path)
     if tf_prefix is not None:
         return tf_variables(tf_prefix)
-    variables = load_variables(path)
+    variables = load_variables(path, readers=readers)
     variables.pop(GLOBAL_STEP, None)
     return variables
 
@@ -112,18 +112,21 @@ def _selected(names: list[str], trainable: list[str], spec: Any) -> list[str]:
     return [n for n in names if any(re.match(r, n) for r in spec)]
 
 
-def warm_start(variables: dict[str, Any], settings: WarmStartSettings, prev: dict[str, Any]) -> dict[str, Any]:
+def warm_start(
+    variables: dict[str, Any], settings: WarmStartSettings, prev: dict[str, Any], trainable: Sequence[str] = ()
+) -> dict[str, Any]:
     """`variables` with the selected ones replaced by their values in `prev` (name -> array).
+    The trainable ones (what a regex `vars_to_warm_start` selects among) are the parameters
+    and the variables under the keys `trainable` (components' whole tables: `embedding/...`).
 
     Raises:
       ValueError: a rename that names no selected variable, a variable missing
         from `prev`, or a shape mismatch; the message lists the viable names.
     """
     current = flatten(variables)
-    # trainable: the parameters and whole embedding tables (`embedding/<table>`), as TF's were
-    tables = [n for n in flatten({EMBEDDING: variables.get(EMBEDDING, {})})]
-    trainable = list(flatten({"params": variables.get("params", {})})) + tables
-    chosen = _selected(list(current), trainable, settings.vars_to_warm_start)
+    groups = {k: variables[k] for k in trainable if k in variables}
+    names = list(flatten({"params": variables.get("params", {})})) + list(flatten(groups))
+    chosen = _selected(list(current), names, settings.vars_to_warm_start)
     renames = dict(settings.var_name_to_prev_var_name or {})
     unused = sorted(set(renames) - set(chosen))
     if unused:
@@ -162,19 +165,22 @@ def warm_start(variables: dict[str, Any], settings: WarmStartSettings, prev: dic
     return jax.tree_util.tree_map_with_path(lambda p, x: values.get(variable_name(p), x), variables)
 
 
-def apply_warm_start(state: Any, warm_start_from: Any, sharding: Any, tables: Any = None) -> tuple[Any, Any]:
+def apply_warm_start(
+    state: Any, warm_start_from: Any, sharding: Any, offered: Mapping[str, Any] | None = None,
+    readers: Readers | None = None,
+) -> tuple[Any, dict[str, Any]]:
     """The fresh TrainState `state` warm-started as `warm_start_from` says (unchanged if None),
-    and the whole embedding `tables` (name -> array, or None) warm-started the same way
-    (named `embedding/<table>`; their optimizer slots are not warm-started)."""
+    and the whole variables that components `offered` ({component: {key: array}}, trainable,
+    named `<component>/<key>`: the embedding tables) warm-started the same way; `readers`
+    read the source's components' variables (checkpoint/variables.py)."""
+    offered = dict(offered or {})
     settings = settings_of(warm_start_from)
     if settings is None:
-        return state, tables
-    prev = source_variables(settings.ckpt_to_initialize_from)
-    variables = jax.device_get(state.variables)
-    if tables is not None:
-        variables[EMBEDDING] = dict(tables)
-    variables = warm_start(variables, settings, prev)
-    tables = variables.pop(EMBEDDING, None)
+        return state, offered
+    prev = source_variables(settings.ckpt_to_initialize_from, readers)
+    variables = {**jax.device_get(state.variables), **offered}
+    variables = warm_start(variables, settings, prev, trainable=tuple(offered))
+    started = {name: variables.pop(name) for name in offered}
     variables = jax.device_put(variables, sharding)
     params = variables.pop("params", state.params)
-    return state.replace(params=params, collections={**state.collections, **variables}), tables
+    return state.replace(params=params, collections={**state.collections, **variables}), started

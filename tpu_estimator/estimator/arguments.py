@@ -99,18 +99,9 @@ def check_export_options(api_version: Any, embedding_config_spec: Any) -> None:
                 f"export_saved_model_api_version={api_version!r}",
             )
         )
-    if embedding_config_spec is not None:
-        from tpu_estimator.embedding.config import EmbeddingConfigSpec
+    from tpu_estimator.estimator.components import check_component_settings
 
-        if not isinstance(embedding_config_spec, EmbeddingConfigSpec):
-            raise TypeError(
-                message(
-                    "`embedding_config_spec` must be a tpu_estimator.EmbeddingConfigSpec.",
-                    f"embedding_config_spec={type(embedding_config_spec).__name__}",
-                    "Build one with EmbeddingConfigSpec(feature_to_config_dict=..., "
-                    "table_to_config_dict=..., optimization_parameters=...).",
-                )
-            )
+    check_component_settings(embedding_config_spec=embedding_config_spec)
 
 
 def agree_model_dir(arg: str | os.PathLike[str] | None, from_config: str | None) -> str:

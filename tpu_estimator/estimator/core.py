@@ -25,13 +25,13 @@ from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.api.run_config import RunConfig
 from tpu_estimator.checkpoint import integrity
 from tpu_estimator.checkpoint.manager import Checkpointer, CheckpointRef, split_checkpoint_path
-from tpu_estimator.embedding.inputs import prepare_features
-from tpu_estimator.estimator.components import registered
+from tpu_estimator.estimator.components import registered, variable_readers
+from tpu_estimator.checkpoint.variables import Readers
+from tpu_estimator.model import components as comp
 from tpu_estimator.estimator.runtime import Runtime
 from tpu_estimator.feeding.host_batches import HostBatch, HostBatches
 from tpu_estimator.feeding.input_state import is_checkpointable, set_input_state
 from tpu_estimator.feeding.pipelines import open_input
-from tpu_estimator.loops.embedded import Embedding
 from tpu_estimator.loops.strategy import LoopStrategy
 from tpu_estimator.model.call import INPUT_FN_ARGS, accepted_args
 from tpu_estimator.model.module import BoundModel, bind_model
@@ -98,7 +98,6 @@ class Core:
         self.export = export
         self.warm_start_from = warm_start_from
         self.embedding_config_spec = embedding_config_spec
-        self.components = registered(config)  # extra kinds of training state
         self._runtimes: dict[tuple[str, int | None], Runtime] = {}
         self._checkpointers: dict[str, Checkpointer] = {}
         self._last_state: TrainState | None = None
@@ -145,6 +144,16 @@ class Core:
         )
 
     @functools.cached_property
+    def components(self) -> tuple[comp.StateComponent, ...]:
+        """The extra kinds of training state the settings ask for (estimator/components.py)."""
+        return registered(self.config, self.topology, self.embedding_config_spec)
+
+    @property
+    def variable_readers(self) -> Readers:
+        """The components' variable readers (checkpoint/variables.py), for warm start."""
+        return variable_readers()
+
+    @functools.cached_property
     def loop_strategy(self) -> LoopStrategy:
         """How loops run; "auto" decides once per estimator, at the first call (loops/strategy.py)."""
         return LoopStrategy(self.config.tpu_config.loop_strategy)
@@ -187,10 +196,8 @@ class Core:
 
         `params['use_tpu']` is set in every mode, as the original did: whether
         this mode runs on the accelerator (EVAL with `eval_on_tpu=False` does
-        not), or, for export, the platform being exported. With an
-        `embedding_config_spec`, the model looks its features up in tables
-        sharded over this topology's replicas (`one_device`: whole tables on
-        one device, as an export serves them).
+        not), or, for export, the platform being exported. `one_device`: the
+        components as a one-device export runs them (whole embedding tables).
         """
         if use_tpu is None:
             use_tpu = self.use_tpu and (mode != ModeKeys.EVAL or self.eval_on_tpu)
@@ -198,14 +205,12 @@ class Core:
         model = bind_model(self.model_fn, self.model_fn_args, mode, params, self.config, batch_size)
         tpu = self.config.tpu_config
         model = dataclasses.replace(
-            model, components=self.components, precision=Precision(tpu.precision_policy),
+            model, components=comp.on_one_device(self.components) if one_device else self.components,
+            precision=Precision(tpu.precision_policy),
             accumulation_steps=tpu.gradient_accumulation_steps if mode == ModeKeys.TRAIN else 1,
             remat_policy=tpu.remat_policy if mode == ModeKeys.TRAIN else None,
         )
-        if self.embedding_config_spec is None:
-            return model
-        topology = Topology.create(use_tpu=False) if one_device else self.topology
-        return dataclasses.replace(model, embedding=Embedding.create(self.embedding_config_spec, topology))
+        return model
 
     def view(self, mode: str, *, use_tpu: bool | None = None) -> Callable[[Any], SpecView]:
         """The (pure) check of what model_fn returns in `mode`."""
@@ -240,11 +245,10 @@ class Core:
         cannot be restored is an error (RunConfig.fall_back_to_intact_checkpoint: a warning,
         and the input starts from its beginning), and a checkpoint without one a warning."""
         names = accepted_args(input_fn, INPUT_FN_ARGS, "input_fn")
-        spec = self.embedding_config_spec
         batches, iterator = open_input(
             input_fn, names, layout=runtime.layout, params=dict(self.params), config=self.config,
             mode=runtime.mode, batch_axis=self.batch_axis, pad_final=runtime.mode != ModeKeys.TRAIN,
-            features_fn=None if spec is None else functools.partial(prepare_features, spec),
+            features_fn=comp.host_features(self.components),
         )
         if restore is not None and is_checkpointable(iterator):
             try:

@@ -16,10 +16,8 @@ from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.checkpoint.manager import CheckpointRef
 from tpu_estimator.checkpoint.numpy_read import state_metadata
-from tpu_estimator.checkpoint.variables import embedding_layout, flatten, variable_name
+from tpu_estimator.checkpoint.variables import Readers, flatten, reader_at, saved_state, variable_name
 from tpu_estimator.checkpoint.warm_start import apply_warm_start
-from tpu_estimator.embedding.replica import state_specs as embedding_specs
-from tpu_estimator.embedding.sharded import EmbeddingState, check_fits
 from tpu_estimator.feeding.host_batches import HostBatch
 from tpu_estimator.loops import evaluate as eval_loops
 from tpu_estimator.loops import predict as predict_loops
@@ -56,6 +54,9 @@ class RuntimeOwner(Protocol):
 
     @property
     def warm_start_from(self) -> Any: ...
+
+    @property
+    def variable_readers(self) -> Readers: ...
 
     def bind(self, mode: str, *, batch_size: int | None = None) -> BoundModel: ...
 
@@ -138,15 +139,13 @@ class Runtime:
             metadata=metadata, logical_rules=getattr(tpu, "logical_axis_rules", None),
             fsdp=getattr(tpu, "parameter_sharding", "replicated") == "fsdp",
         )
-        if abstract.embedding is not None:  # rows over the replicas (embedding/replica.py)
-            specs = specs.replace(embedding=embedding_specs(abstract.embedding))
         specs = specs.replace(extras=components.extras_specs(self.model.components, abstract.extras, specs))
         return partitioning.named(specs, self.core.topology)
 
     def program_variables(self, state: TrainState) -> dict[str, Any]:
         """What the evaluation and prediction programs take (the components' choice of
-        variables, e.g. the averaged weights)."""
-        return components.inference_variables(self.model.components, state.extras, state.program_variables)
+        variables, e.g. the averaged weights; the embedding tables under their name)."""
+        return components.program_variables(self.model.components, state.extras, state.variables)
 
     # --- state -----------------------------------------------------------------
 
@@ -192,24 +191,28 @@ class Runtime:
         if ref is None:
             return self._after_init(init(*sample))
         abstract = self.traced.abstract  # what restoring checks model_fn's names against
-        meta = state_metadata(ref.path)  # read once: the components' and the tables' checks
+        meta, where = saved_state(state_metadata(ref.path))  # read once for every check
         saved = self._saved_extras(ref, meta)
-        dropped = bool(saved - {c.name for c in self.model.components})  # a setting turned off
-        fresh = [c for c in self.model.components if c.name not in saved]  # optional ones, absent
-        if train and not dropped and not fresh and not self._tables_moved(ref, meta):
+        comps = self.model.components
+        dropped = bool(saved - {c.name for c in comps})  # a setting turned off
+        fresh = [c for c in comps if c.name not in saved]  # optional ones, absent
+        moved = any(w != ("extras", n) for n, w in where.items())  # an older checkpoint's layout
+        if train and not dropped and not fresh and not moved and not self._needs_raw(ref, meta, where):
             return ref.checkpointer.restore(ref.step, abstract)
-        raw = ref.checkpointer.restore_raw(ref.step)
+        raw, _ = saved_state(ref.checkpointer.restore_raw(ref.step))
         if fresh:  # their state starts from `init` of the restored state
-            base = _fill(abstract.replace(embedding=None, extras=None), {**raw, "embedding": None})
+            base = _fill(abstract.replace(extras=None), raw)
             started = {c.name: jax.device_get(c.init(base)) for c in fresh}
             raw = {**raw, "extras": {**dict(raw.get("extras") or {}), **started}}
-        if train:  # embedding tables saved on another device count, or a component's state left out
-            state = _fill(abstract.replace(embedding=None), {**raw, "embedding": None})
-            state = jax.device_put(state, init.state_shardings.replace(embedding=None))
-            if abstract.embedding is None:
-                return state
-            return state.replace(embedding=self._tables_from(raw, with_slots=True))
-        embedding = None if abstract.embedding is None else self._tables_from(raw, with_slots=False)
+        # components whose saved state is rebuilt for this topology (embedding tables)
+        rebuilt = {
+            c.name: c.from_raw(raw["extras"][c.name], with_slots=train)  # type: ignore[attr-defined]
+            for c in comps if hasattr(c, "from_raw")
+        }
+        shardings = init.state_shardings.replace(extras=_without(init.state_shardings.extras, rebuilt))
+        if train:  # a component's state left out or rebuilt
+            state = _fill(abstract.replace(extras=_without(abstract.extras, rebuilt)), raw)
+            return _with(jax.device_put(state, shardings), rebuilt)
         variables = self._select_variables(
             {"params": abstract.params, **abstract.collections},
             {"params": raw["params"], **dict(raw.get("collections") or {})},
@@ -220,10 +223,17 @@ class Runtime:
             opt_state=None,
             step=np.asarray(raw["step"], np.int32),
             rng=np.asarray(raw["rng"], np.uint32),
-            extras=None if abstract.extras is None else _fill(abstract.extras, raw["extras"]),
+            extras=None if abstract.extras is None else _fill(_without(abstract.extras, rebuilt), raw["extras"]),
         )
-        state = jax.device_put(state, init.state_shardings.replace(embedding=None))
-        return state if embedding is None else state.replace(embedding=embedding)
+        return _with(jax.device_put(state, shardings), rebuilt)
+
+    def _needs_raw(self, ref: CheckpointRef, meta: dict[str, Any], where: dict[str, Any]) -> bool:
+        """Whether a component's saved state must be rebuilt for this run (`restore_plan`: the
+        embedding tables saved on another device count or partition strategy)."""
+        return any(
+            c.restore_plan(meta["extras"][c.name], reader_at(ref.path, where[c.name]))  # type: ignore[attr-defined]
+            for c in self.model.components if hasattr(c, "restore_plan")
+        )
 
     def _saved_extras(self, ref: CheckpointRef, meta: dict[str, Any]) -> set[str]:
         """The components whose state the checkpoint holds; each of this run's must be there
@@ -245,26 +255,6 @@ class Runtime:
                     )
                 )
         return saved
-
-    def _tables_moved(self, ref: CheckpointRef, meta: dict[str, Any]) -> bool:
-        """The checkpoint's embedding tables were sharded over another number of devices or
-        another partition strategy (their storage order differs: restoring goes through the
-        logical tables)."""
-        if self.model.embedding is None:
-            return False
-        tables = self.model.embedding.tables
-        layout = embedding_layout(ref.path, meta)
-        check_fits(tables.spec, layout, (meta.get("embedding") or {}).get("tables") or {})
-        mine = tables.layout_code()
-        return any(tuple(np.asarray(layout[t]).tolist()) != tuple(c.tolist()) for t, c in mine.items())
-
-    def _tables_from(self, raw: dict[str, Any], *, with_slots: bool) -> EmbeddingState:
-        """The embedding state of a raw (numpy) checkpoint placed on this topology."""
-        saved = raw.get("embedding") or {}
-        tables = self.model.embedding.tables
-        check_fits(tables.spec, saved.get("layout") or {}, saved.get("tables") or {})
-        state = EmbeddingState(saved["tables"], saved.get("slots") or {}, saved.get("layout"))
-        return tables.place(tables.logical(state), with_slots=with_slots)
 
     def _select_variables(self, needed: Any, saved: Any) -> dict[str, Any]:
         """The saved variables this mode's model_fn builds (a train-only head may be left out).
@@ -289,18 +279,23 @@ class Runtime:
         return dict(jax.tree_util.tree_map_with_path(lambda p, _: have[variable_name(p)], needed))
 
     def _after_init(self, state: TrainState) -> TrainState:
-        """Applies `warm_start_from`, then the Scaffold's init_fn (called on the host), to fresh
-        variables; then builds the optimizer state from the parameters training starts from
+        """Applies `warm_start_from` (to the variables and to the components' `warm_start_variables`),
+        then the Scaffold's init_fn (called on the host), to fresh variables; then builds the
+        optimizer state and the components' state from the parameters training starts from
         (an optimizer whose state holds parameter values, e.g. an EMA, must see these)."""
         sh = self.program("init").state_shardings
         warm = self.core.warm_start_from
-        embedding = self.model.embedding
-        logical = None if warm is None or embedding is None else embedding.tables.logical(state.embedding)
-        tables = None if logical is None else {t: logical[t] for t in embedding.spec.tables}
-        state, tables = apply_warm_start(state, warm, {"params": sh.params, **sh.collections}, tables)
-        if tables is not None:  # the slots start fresh, as TF's warm start left them
-            placed = embedding.tables.place({**logical, **tables}, with_slots=state.opt_state is not None)
-            state = state.replace(embedding=placed)
+        comps = [c for c in self.model.components if hasattr(c, "warm_start_variables")]
+        offered = {} if warm is None else {
+            c.name: c.warm_start_variables(state.extras[c.name]) for c in comps  # type: ignore[attr-defined]
+        }
+        readers = self.core.variable_readers
+        state, started = apply_warm_start(state, warm, {"params": sh.params, **sh.collections}, offered, readers)
+        if started:
+            state = _with(state, {
+                c.name: c.warm_started(state.extras[c.name], started[c.name])  # type: ignore[attr-defined]
+                for c in comps
+            })
         scaffold = self.spec.host_scaffold() if self.spec is not None else None
         init_fn = getattr(scaffold, "init_fn", None)
         if init_fn is not None:
@@ -318,6 +313,20 @@ class Runtime:
             extras = jax.jit(lambda s: components.init_extras(self.model.components, s), out_shardings=sh.extras)
             state = state.replace(extras=extras(state))
         return state
+
+
+def _without(extras: Any, names: Any) -> Any:
+    """`extras` (None, or by component name) with the state of `names` left out (None)."""
+    if extras is None:
+        return None
+    return {k: (None if k in names else v) for k, v in extras.items()}
+
+
+def _with(state: TrainState, extras: dict[str, Any]) -> TrainState:
+    """`state` with the components' state `extras` put in."""
+    if not extras:
+        return state
+    return state.replace(extras={**state.extras, **extras})
 
 
 def _fill(abstract: Any, raw: Any) -> Any:

@@ -14,7 +14,7 @@ from tpu_estimator.api.contracts import ArrayTree, BatchAxis, InputFn
 from tpu_estimator.api.keywords import suggest_keywords
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.api.run_config import RunConfig
-from tpu_estimator.checkpoint.reader import list_variables, load_variable
+from tpu_estimator.estimator.variables import list_variables, load_variable
 from tpu_estimator.estimator import arguments, evaluation, prediction, training
 from tpu_estimator.estimator.core import Core, ExportFlags
 from tpu_estimator.model.call import check_model_fn

@@ -30,9 +30,8 @@ from tpu_estimator.checkpoint import warm_start as ws
 from tpu_estimator.export import manifest as mf
 from tpu_estimator.export import temp_dirs
 from tpu_estimator.checkpoint import flat_io as var_io
-from tpu_estimator.embedding.sharded import check_fits, whole_tables
+from tpu_estimator.checkpoint.variables import saved_state
 from tpu_estimator.model import components
-from tpu_estimator.model.state import EMBEDDING
 from tpu_estimator.paths import as_path, as_uri, is_local, join
 from tpu_estimator.version import __version__
 from tpu_estimator.export.signatures import GraphFunctions, MetaGraphPlan, plan_meta_graphs
@@ -231,13 +230,10 @@ def _variables(
         if variables is None:
             raise ValueError(f"Couldn't find trained model at {core.model_dir}.")
         return variables, None
-    raw = ref.checkpointer.restore_raw(ref.step)
+    raw, _ = saved_state(ref.checkpointer.restore_raw(ref.step))
     variables = {"params": raw["params"], **dict(raw.get("collections") or {})}
-    if core.embedding_config_spec is not None:  # whole tables: an export looks up on one device
-        saved = raw.get(EMBEDDING) or {}
-        check_fits(core.embedding_config_spec, saved.get("layout") or {}, saved.get("tables") or {})
-        variables[EMBEDDING] = whole_tables(saved, core.embedding_config_spec.tables)
     variables = components.inference_variables(core.components, raw.get("extras"), variables)
+    variables.update(components.export_state(core.components, raw.get("extras")))
     return variables, int(ref.step)
 
 
@@ -265,7 +261,7 @@ def _warm_start_variables(
             labels = labels["labels"]
     model = core.bind(mode, use_tpu=False)
     _, fresh = model.init(jax.random.PRNGKey(core.config.seed), receiver.make_features(zeros), labels)
-    prev = ws.source_variables(settings.ckpt_to_initialize_from)
+    prev = ws.source_variables(settings.ckpt_to_initialize_from, core.variable_readers)
     return ws.warm_start(jax.device_get(fresh), settings, prev)
 
 

@@ -16,13 +16,11 @@ import jax.numpy as jnp
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.api.serving_input import ServingInputReceiver
-from tpu_estimator.embedding.sharded import one_device_state
 from tpu_estimator.export import manifest as mf
 from tpu_estimator.export.inference import recording_batching
 from tpu_estimator.export.receivers import labels_fn
-from tpu_estimator.loops.embedded import looked_up
+from tpu_estimator.model import components
 from tpu_estimator.model.spec_view import SpecView
-from tpu_estimator.model.state import EMBEDDING
 
 if TYPE_CHECKING:
     from tpu_estimator.estimator.core import Core
@@ -131,9 +129,8 @@ class GraphFunctions:
         variables = jax.tree.unflatten(self._treedef, [flat_vars[n] for n in self._names])
         features = self.receiver.make_features(dict(inputs))
         labels = self._labels(inputs)
-        if EMBEDDING in variables:  # whole tables, looked up on one device
-            variables = {**variables, EMBEDDING: one_device_state(variables[EMBEDDING])}
-            variables, features = looked_up(self.model.embedding, variables, features)
+        # the components' exported state (whole embedding tables, looked up on one device)
+        variables, features = components.forward_inputs(self.model.components, variables, features)
         mutable: Any = False
         if self.plan.mode == ModeKeys.TRAIN:
             mutable = [c for c in variables if c != "params"] or False

@@ -15,8 +15,9 @@ What model_fn's other outputs become over the k micro-batches:
   batch-major tensor is the whole batch's; a tensor of shape [1] becomes [k]);
 * summaries: scalars averaged over the micro-batches, histograms and images
   those of the last micro-batch;
-* embedding activations' gradients: concatenated, divided by k (the gradient
-  of the mean of the micro-batches' losses).
+* the gradients of components' activations (the embedding tables'):
+  concatenated, divided by k (the gradient of the mean of the micro-batches'
+  losses).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def split_batch(batch: tuple[Any, Any], k: int, batch_axes: Any = None) -> tuple
     if batch_axes is None:
         return jax.tree.map(lambda x: _split(x, k, 0), batch)
     axes = list(batch_axes)
-    if isinstance(axes[0], dict) and isinstance(batch[0], dict):  # the embedding ids left the features
+    if isinstance(axes[0], dict) and isinstance(batch[0], dict):  # a component's inputs (ids) left the features
         axes[0] = {name: axes[0][name] for name in batch[0]}
     return jax.tree.map(lambda ax, x: _split(x, k, int(ax)), tuple(axes), tuple(batch))
 

@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from tpu_estimator.loops.embedded import looked_up
 from tpu_estimator.metrics import Metric
+from tpu_estimator.model import components
 from tpu_estimator.loops.replica import REPLICATED, Placement, over_replicas, replica_key, specs_of
 from tpu_estimator.model.module import BoundModel
 from tpu_estimator.model.spec_view import SpecView
@@ -39,7 +39,7 @@ ViewFn = Callable[[Any], SpecView]
 def eval_step(model: BoundModel, view: ViewFn, variables: Any, step: Any, rng: Any, batch: Any) -> dict[str, Any]:
     """One replica's batch: loss [1], metric tensors (batch-major), metric states [1, ...]."""
     features, labels = batch
-    variables, features = looked_up(model.embedding, variables, features)
+    variables, features = components.forward_inputs(model.components, variables, features)
     spec, _ = model.apply(variables, features, labels, rng=replica_key(rng, step))
     sv = view(spec)
     ops = jax.tree.map(lambda x: jnp.asarray(x)[None], sv.metric_ops or {})
@@ -49,7 +49,7 @@ def eval_step(model: BoundModel, view: ViewFn, variables: Any, step: Any, rng: A
 def example_step(model: BoundModel, view: ViewFn, variables: Any, step: Any, rng: Any, batch: Any) -> dict[str, Any]:
     """Like `eval_step`, but model_fn sees one example at a time: every output is per example."""
     features, labels = batch
-    variables, features = looked_up(model.embedding, variables, features)  # once, for the batch
+    variables, features = components.forward_inputs(model.components, variables, features)  # once, for the batch
     batch = (features, labels)
 
     def one(example: Any) -> dict[str, Any]:
@@ -107,7 +107,7 @@ def eval_program(
     sharded = over_replicas(
         run,
         topology,
-        in_specs=lambda v, *_: (specs_of(v), REPLICATED, REPLICATED, placement.in_spec()),
+        in_specs=lambda v, *_: (specs_of(v, model.components), REPLICATED, REPLICATED, placement.in_spec()),
         out_specs=placement.out_spec(),
     )
     if per_example:
@@ -139,7 +139,7 @@ def eval_scan_program(
     sharded = over_replicas(
         run,
         topology,
-        in_specs=lambda v, *_: (specs_of(v), REPLICATED, REPLICATED, placement.in_spec(1)),
+        in_specs=lambda v, *_: (specs_of(v, model.components), REPLICATED, REPLICATED, placement.in_spec(1)),
         out_specs=placement.out_spec(1),
     )
 

@@ -8,7 +8,7 @@ import jax
 from jax import lax
 
 from tpu_estimator.loops.evaluate import stacked
-from tpu_estimator.loops.embedded import looked_up
+from tpu_estimator.model import components
 from tpu_estimator.loops.replica import REPLICATED, Placement, over_replicas, replica_key, specs_of
 from tpu_estimator.model.module import BoundModel
 from tpu_estimator.model.spec_view import SpecView
@@ -19,7 +19,7 @@ ViewFn = Callable[[Any], SpecView]
 
 def predict_step(model: BoundModel, view: ViewFn, variables: Any, step: Any, rng: Any, features: Any) -> Any:
     """One replica's predictions (batch-major)."""
-    variables, features = looked_up(model.embedding, variables, features)
+    variables, features = components.forward_inputs(model.components, variables, features)
     spec, _ = model.apply(variables, features, None, rng=replica_key(rng, step))
     return view(spec).predictions
 
@@ -36,7 +36,7 @@ def predict_program(
     sharded = over_replicas(
         predict_batch,
         topology,
-        in_specs=lambda v, *_: (specs_of(v), REPLICATED, REPLICATED, placement.in_spec(part=0)),
+        in_specs=lambda v, *_: (specs_of(v, model.components), REPLICATED, REPLICATED, placement.in_spec(part=0)),
         out_specs=placement.out_spec(),
     )
     return jax.jit(sharded)
@@ -57,7 +57,9 @@ def predict_scan_program(
     sharded = over_replicas(
         run,
         topology,
-        in_specs=lambda v, *_: (specs_of(v), REPLICATED, REPLICATED, placement.in_spec(leading=1, part=0)),
+        in_specs=lambda v, *_: (
+            specs_of(v, model.components), REPLICATED, REPLICATED, placement.in_spec(leading=1, part=0)
+        ),
         out_specs=placement.out_spec(1),
     )
 

@@ -23,9 +23,9 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tpu_estimator.api.checks import message
-from tpu_estimator.embedding.replica import state_specs as embedding_specs
-from tpu_estimator.embedding.sharded import EmbeddingState
 from tpu_estimator.loops.strategy import equations
+from tpu_estimator.model import components as comp
+from tpu_estimator.model.state import TrainState
 from tpu_estimator.parallel.collectives import data_axis, replica_gather, replica_index, single_replica
 from tpu_estimator.parallel.mesh import DATA, Topology
 
@@ -98,11 +98,12 @@ class Placement:
             return None
         return specs
 
-    def replica_specs(self, state: Any) -> Any:
-        """The `shard_map` specs of a TrainState argument: its "data" entries (embedding rows,
-        "fsdp" parameters and optimizer slots); whole on every replica otherwise."""
+    def replica_specs(self, state: Any, components: comp.Components = ()) -> Any:
+        """The `shard_map` specs of a TrainState argument: its "data" entries ("fsdp"
+        parameters and optimizer slots, the components' `replica_specs`: embedding rows);
+        whole on every replica otherwise."""
         if self.param_shards is None:
-            return specs_of(state)
+            return specs_of(state, components)
         return jax.tree.map(_data_only, self.state, is_leaf=_is_spec)
 
     def state_shardings(self, topology: Topology) -> Any:
@@ -191,16 +192,16 @@ def _data_only(spec: P) -> P:
     return P(*[DATA if i == axis else None for i in range(len(spec))])
 
 
-def _tables(x: Any) -> bool:
-    return isinstance(x, EmbeddingState)
-
-
-def specs_of(tree: Any) -> Any:
+def specs_of(tree: Any, components: comp.Components = ()) -> Any:
     """The per-replica specs of a state or variables argument: whole on every replica
-    (`REPLICATED`), except embedding tables and slots, whose rows are split over "data"."""
-    if not any(_tables(x) for x in jax.tree.leaves(tree, is_leaf=_tables)):
-        return REPLICATED
-    return jax.tree.map(lambda x: embedding_specs(x) if _tables(x) else REPLICATED, tree, is_leaf=_tables)
+    (`REPLICATED`), except the state of components with `replica_specs` (embedding rows,
+    split over "data")."""
+    if isinstance(tree, TrainState):
+        if tree.extras is None:
+            return REPLICATED
+        rest = jax.tree.map(lambda _: REPLICATED, tree.replace(extras=None))
+        return rest.replace(extras=comp.replica_specs(components, tree.extras))
+    return comp.variables_replica_specs(components, tree)
 
 
 REPLICATED = P()

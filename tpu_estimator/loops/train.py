@@ -19,7 +19,6 @@ import optax
 from jax import lax
 
 from tpu_estimator.api.step_options import checkpoint_policy
-from tpu_estimator.embedding.replica import update_in_replica
 from tpu_estimator.loops.accumulate import accumulate
 from tpu_estimator.loops.strategy import primitives_of
 from tpu_estimator.model import components
@@ -54,9 +53,9 @@ def train_step(
     Returns the new state and outputs: `loss` (mean over replicas) and
     `host_call` (this replica's host_call tensors, batch-major) and
     `summaries` (what model_fn recorded with `tpu_estimator.summary`, one copy).
-    With embedding tables (`state.embedding`), model_fn sees the looked-up
-    activations in place of the ids; the loss is differentiated with respect
-    to them too, and the tables' optimizer updates the rows looked up.
+    Components with `split`/`activations` hooks (the embedding tables) give
+    model_fn activations in place of some features; the loss is differentiated
+    with respect to them too, and their `update` hooks take those gradients.
     `shards` (the parameters' specs, "fsdp"): `state.params` and the optimizer state
     are this replica's shards; model_fn sees the whole parameters (all-gathered in
     the loss, so the gradients come back reduce-scattered to the shards: the
@@ -70,19 +69,15 @@ def train_step(
     rng = replica_key(state.rng, state.step)
     mutable = sorted(state.collections)
     found: dict[str, SpecView] = {}
-    embedding = model.embedding if state.embedding is not None else None
-    ids: dict[str, Any] = {}
-    weights: dict[str, Any] = {}
-    acts: dict[str, Any] = {}
-    if embedding is not None:
-        features, ids, weights = embedding.split(features)
-        acts = embedding.lookup(state.embedding, ids, weights)
+    features, inputs = components.split(model.components, state.extras, features)
+    acts = components.activations(model.components, state.extras, inputs)
 
     def loss_fn(params: Any, acts: dict[str, Any], features: Any, labels: Any, collections: Any, rng: Any) -> Any:
-        inputs = {**features, **acts} if acts else features
         with collecting() as summaries:
             variables = {"params": gather_shards(params, shards), **collections}
-            spec, mutated = model.apply(variables, inputs, labels, rng=rng, mutable=mutable)
+            spec, mutated = model.apply(
+                variables, components.merged(features, acts), labels, rng=rng, mutable=mutable
+            )
         found["spec"] = sv = view(spec)
         scaled = components.scale_loss(model.components, state.extras, sv.loss)
         return scaled, (sv.loss, mutated, sv.host_call_tensors, summaries)
@@ -106,18 +101,13 @@ def train_step(
         collections={**state.collections, **replica_mean(dict(mutated))},
         step=state.step + 1,
     )
-    if embedding is not None:
-        new_state = new_state.replace(
-            embedding=update_in_replica(
-                embedding.spec, embedding.collectives, state.embedding, ids, weights, act_grads, state.step
-            )
-        )
+    extras, updated = components.update(model.components, extras, inputs, act_grads, state.step)
     if apply is not None:  # a component vetoed the update (e.g. float16 gradients overflowed)
-        new_state = new_state.replace(**{
-            name: jax.tree.map(lambda new, old: jnp.where(apply, new, old),
-                               getattr(new_state, name), getattr(state, name))
-            for name in ("params", "opt_state", "embedding")
-        })
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(apply, n, o), new, old)  # noqa: E731
+        new_state = new_state.replace(
+            params=keep(new_state.params, state.params), opt_state=keep(new_state.opt_state, state.opt_state)
+        )
+        extras = {**extras, **{n: keep(extras[n], state.extras[n]) for n in updated}}
     new_state = components.after_step(model.components, new_state.replace(extras=extras))
     outputs = {"loss": replica_mean(loss), "host_call": host_tensors}
     return new_state, {**outputs, "summaries": replicate_summaries(summaries)}
@@ -139,9 +129,9 @@ def scan_program(
     sharded = over_replicas(
         train_scan,
         topology,
-        in_specs=lambda state, _: (placement.replica_specs(state), placement.in_spec(1)),
+        in_specs=lambda state, _: (placement.replica_specs(state, model.components), placement.in_spec(1)),
         out_specs=lambda state, _: (
-            placement.replica_specs(state),
+            placement.replica_specs(state, model.components),
             {"loss": REPLICATED, "host_call": placement.out_spec(1), "summaries": REPLICATED},
         ),
     )
@@ -169,9 +159,9 @@ def step_program(
     sharded = over_replicas(
         train_one_step,
         topology,
-        in_specs=lambda state, _: (placement.replica_specs(state), placement.in_spec()),
+        in_specs=lambda state, _: (placement.replica_specs(state, model.components), placement.in_spec()),
         out_specs=lambda state, _: (
-            placement.replica_specs(state),
+            placement.replica_specs(state, model.components),
             {"loss": REPLICATED, "host_call": placement.out_spec(), "summaries": REPLICATED},
         ),
     )
@@ -195,17 +185,12 @@ def init_program(
 
     def build(features: Any, labels: Any) -> tuple[TrainState, SpecView, Any]:
         base = jax.random.PRNGKey(seed)
-        embedding = model.embedding
-        if embedding is not None:  # model_fn sees activations, not ids
-            features = embedding.placeholders(features)
+        features = components.placeholders(model.components, features)  # e.g. activations, not ids
         spec, variables = model.init(jax.random.fold_in(base, 1 << 20), features, labels)
         sv = view(spec)  # validates the spec
         tx = sv.train_op if with_optimizer else None
         metadata = nn.get_partition_spec(dict(variables)).get("params")
         state = TrainState.create(nn.unbox(dict(variables)), tx, seed)
-        if embedding is not None:
-            tables = embedding.tables.build(jax.random.fold_in(base, 1 << 21), with_slots=with_optimizer)
-            state = state.replace(embedding=tables)
         state = state.replace(extras=components.init_extras(model.components, state))
         return state, sv, metadata
 

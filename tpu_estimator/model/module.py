@@ -35,9 +35,8 @@ class _ModelFnModule(nn.Module):
 class BoundModel:
     """`model_fn` bound to one mode, its params (with `batch_size`) and config.
 
-    `embedding` is what the programs need to look up `embedding_config_spec`'s
-    tables before calling model_fn (a `loops.embedded.Embedding`), or None.
-    `components` are the run's extra kinds of state (model/components.py).
+    `components` are the run's extra kinds of state (model/components.py), the
+    embedding tables of `embedding_config_spec` among them.
     `precision` is the dtype model_fn computes in (model/precision.py);
     `accumulation_steps` and `remat_policy` how a train step runs it
     (`TPUConfig.gradient_accumulation_steps`, `remat_policy`).
@@ -48,7 +47,6 @@ class BoundModel:
     mode: str
     params: dict[str, Any]
     config: Any
-    embedding: Any = None
     components: tuple[Any, ...] = ()
     precision: Precision = Precision()
     accumulation_steps: int = 1

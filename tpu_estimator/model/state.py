@@ -21,11 +21,9 @@ class TrainState:
       step: the global step (int32 scalar).
       rng: the base PRNG key (uint32[2]); per-step, per-replica keys fold in
         the step and the replica index, so a resumed run draws the same numbers.
-      embedding: the tables of `embedding_config_spec` and their optimizer's slots
-        (an `embedding.sharded.EmbeddingState`, rows sharded over the devices), or
-        None without one.
       extras: the state of the run's `StateComponent`s (model/components.py) by
-        component name (e.g. `moving_average`), or None without any.
+        component name (e.g. `moving_average`, `embedding`: the tables of
+        `embedding_config_spec`), or None without any.
     """
 
     params: Any
@@ -33,7 +31,6 @@ class TrainState:
     opt_state: Any
     step: jax.Array
     rng: jax.Array
-    embedding: Any = None
     extras: Any = None
 
     @classmethod
@@ -55,14 +52,3 @@ class TrainState:
     def variables(self) -> dict[str, Any]:
         """The Flax variables dict (`params` plus the other collections)."""
         return {"params": self.params, **self.collections}
-
-    @property
-    def program_variables(self) -> dict[str, Any]:
-        """What the evaluation and prediction programs take: `variables`, plus the embedding
-        tables under `"embedding"` when there are any (the programs look features up in them)."""
-        if self.embedding is None:
-            return self.variables
-        return {**self.variables, EMBEDDING: self.embedding}
-
-
-EMBEDDING = "embedding"  # the key of the tables in `program_variables`

@@ -1,0 +1,202 @@
+"""The embedding tables as a `StateComponent` (model/components.py): `embedding_config_spec`.
+
+With an `EmbeddingConfigSpec`, input_fn's features hold each embedding
+feature's ids (embedding/inputs.py, checked on the feeder thread by
+`host_features`); the programs replace them by the looked-up, combined
+activations before model_fn sees the features, exactly where the original put
+them (`features[name]`). Training differentiates the loss with respect to
+those activations too and applies the embedding optimizer to the rows looked
+up (`update`, embedding/replica.py); evaluation and prediction only look up.
+Each program runs once per replica under `shard_map` manual over "data",
+where the tables are the replica's block of rows (`replica_specs`).
+
+The state is an `EmbeddingState` in `TrainState.extras["embedding"]`
+(tables, optimizer slots, the saved row `layout`). A checkpoint written on
+another device count or partition strategy is restored through the logical
+tables (`restore_plan`, `from_raw`); warm start, exports and the variable
+reader see whole logical tables named `embedding/<table>` and
+`embedding/<table>/<slot>` (`variable_reader`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tpu_estimator.embedding.config import EmbeddingConfigSpec
+from tpu_estimator.embedding.inputs import prepare_features
+from tpu_estimator.embedding.layout import saved_layouts
+from tpu_estimator.embedding.lookup import Collectives
+from tpu_estimator.embedding.replica import (
+    lookup_in_replica,
+    placeholder_activations,
+    replica_collectives,
+    replica_tables,
+    split_in_step,
+    state_specs,
+    update_in_replica,
+)
+from tpu_estimator.embedding.sharded import EmbeddingState, ShardedTables, check_fits, one_device_state, whole_tables
+from tpu_estimator.parallel.mesh import Topology
+
+NAME = "embedding"  # the key in TrainState.extras, and the prefix of the variable names
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingTables:
+    """An `EmbeddingConfigSpec` on a topology: the per-replica collectives and the placement
+    of the tables (rows over "data": each replica's devices hold 1/R of every table)."""
+
+    spec: EmbeddingConfigSpec
+    collectives: Collectives
+    tables: ShardedTables
+    name: str = NAME
+    setting: str = "TPUEstimator(embedding_config_spec=...)"
+
+    @classmethod
+    def create(cls, spec: EmbeddingConfigSpec, topology: Topology) -> "EmbeddingTables":
+        return cls(spec, replica_collectives(topology), replica_tables(spec, topology))
+
+    def on_one_device(self) -> "EmbeddingTables":
+        """The tables as an export serves them: whole, looked up on one device."""
+        return EmbeddingTables.create(self.spec, Topology.create(use_tpu=False))
+
+    # --- state and shardings ---------------------------------------------------------
+
+    def init(self, state: Any) -> EmbeddingState:
+        """Fresh tables from their initializers (slots when training); tables the state holds
+        already (restored, warm-started) are kept."""
+        if state.extras is not None and self.name in state.extras:
+            return state.extras[self.name]
+        key = jax.random.fold_in(state.rng, 1 << 21)
+        return self.tables.build(key, with_slots=state.opt_state is not None)
+
+    def specs(self, extra: EmbeddingState, state_specs_: Any) -> EmbeddingState:
+        return state_specs(extra)  # rows over "data" (the mesh's and the per-replica programs')
+
+    def replica_specs(self, extra: EmbeddingState) -> EmbeddingState:
+        return state_specs(extra)
+
+    def after_step(self, extra: EmbeddingState, state: Any) -> EmbeddingState:
+        return extra  # updated in `update`
+
+    def inference_variables(self, extra: EmbeddingState, variables: dict[str, Any]) -> dict[str, Any]:
+        return variables  # the tables enter the programs through `activations`
+
+    # --- the programs ------------------------------------------------------------------
+
+    def host_features(self, features: Any) -> dict[str, Any]:
+        """input_fn's features with the ids checked, int32 `[batch, width]` (feeder thread)."""
+        return prepare_features(self.spec, features)
+
+    def split(self, extra: Any, features: Any) -> tuple[dict[str, Any], tuple[dict[str, Any], dict[str, Any]]]:
+        """(model_fn's other features, (ids, weights)) of one replica's features. Ids become
+        int32 `[batch, width]` and weights float32 here too (a no-op for batches the host
+        prepared; an export's receiver may give other dtypes or `[batch]` ids)."""
+        rest, ids, weights = split_in_step(self.spec, features)
+        ids = {f: _two_d(x).astype(jnp.int32) for f, x in ids.items()}
+        weights = {f: _two_d(x).astype(jnp.float32) for f, x in weights.items()}
+        return rest, (ids, weights)
+
+    def activations(self, extra: Any, inputs: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, Any]:
+        """This replica's activations (`features[name]`); `extra` may be an export's whole
+        tables (name -> array), looked up on one device."""
+        ids, weights = inputs
+        state = extra if isinstance(extra, EmbeddingState) else one_device_state(extra)
+        return lookup_in_replica(self.spec, self.collectives, state, ids, weights)
+
+    def placeholders(self, features: Any) -> dict[str, Any]:
+        """The features with zeros in place of the activations (to initialise model_fn)."""
+        rest, (ids, _) = self.split(None, features)
+        return {**rest, **placeholder_activations(self.spec, ids)}
+
+    def update(self, extra: EmbeddingState, inputs: Any, act_grads: dict[str, Any], step: Any) -> EmbeddingState:
+        """The tables after the embedding optimizer's step on the rows looked up."""
+        ids, weights = inputs
+        return update_in_replica(self.spec, self.collectives, extra, ids, weights, act_grads, step)
+
+    # --- checkpoints, warm start, export -----------------------------------------------
+
+    def restore_plan(self, saved: Any, read: Callable[[Any], Any]) -> bool:
+        """Whether the saved tables (metadata `saved`; `read` reads a part of it) need a raw
+        restore: they were sharded over another number of devices or another partition
+        strategy (their storage order differs). Raises unless they fit the spec (names,
+        vocabulary sizes, dimensions)."""
+        layout = saved_layout(saved, read)
+        check_fits(self.spec, layout, (saved or {}).get("tables") or {})
+        mine = self.tables.layout_code()
+        return any(tuple(np.asarray(layout[t]).tolist()) != tuple(c.tolist()) for t, c in mine.items())
+
+    def from_raw(self, raw: Any, *, with_slots: bool) -> EmbeddingState:
+        """The state of a raw (numpy) checkpoint's tables placed on this topology."""
+        saved = raw or {}
+        check_fits(self.spec, saved.get("layout") or {}, saved.get("tables") or {})
+        state = EmbeddingState(saved["tables"], saved.get("slots") or {}, saved.get("layout"))
+        return self.tables.place(self.tables.logical(state), with_slots=with_slots)
+
+    def warm_start_variables(self, extra: EmbeddingState) -> dict[str, np.ndarray]:
+        """The whole tables, warm-started as `embedding/<table>` (trainable, as TF's were)."""
+        logical = self.tables.logical(jax.device_get(extra))
+        return {t: logical[t] for t in self.spec.tables}
+
+    def warm_started(self, extra: EmbeddingState, tables: Mapping[str, Any]) -> EmbeddingState:
+        """`extra` with the warm-started whole tables placed; the optimizer slots start fresh,
+        as TF's warm start left them."""
+        logical = self.tables.logical(jax.device_get(extra))
+        with_slots = any(extra.slots.get(t) for t in self.spec.tables)
+        return self.tables.place({**logical, **tables}, with_slots=with_slots)
+
+    def export_state(self, raw: Any) -> dict[str, np.ndarray]:
+        """What an export carries: the whole logical tables (an export looks up on one device)."""
+        saved = raw or {}
+        check_fits(self.spec, saved.get("layout") or {}, saved.get("tables") or {})
+        return whole_tables(saved, self.spec.tables)
+
+
+def saved_layout(saved: Any, read: Callable[[Any], Any]) -> dict[str, np.ndarray]:
+    """The saved `EmbeddingState.layout` (table -> int32 `[vocabulary_size, shards, strategy]`)
+    of tables whose saved metadata is `saved`, read by `read`; empty without one. Reads only
+    these small arrays."""
+    layout = (saved or {}).get("layout")
+    if not layout:
+        return {}
+    return dict(read({"layout": layout})["layout"])
+
+
+class TableReader:
+    """The variables of saved tables without the model: `embedding/<table>` and
+    `embedding/<table>/<slot>`, whole logical tables from any device count (a reader of
+    checkpoint/variables.py; `saved` is the metadata of `extras/embedding`)."""
+
+    def names(self, saved: Any) -> dict[str, tuple[Any, tuple[str, ...]]]:
+        """name -> (saved metadata, path inside the state) of each table and slot."""
+        saved = saved or {}
+        out: dict[str, tuple[Any, tuple[str, ...]]] = {}
+        for table, leaf in (saved.get("tables") or {}).items():
+            out[f"{NAME}/{table}"] = (leaf, ("tables", table))
+            for slot, slot_leaf in ((saved.get("slots") or {}).get(table) or {}).items():
+                out[f"{NAME}/{table}/{slot}"] = (slot_leaf, ("slots", table, slot))
+        return out
+
+    def shapes(self, saved: Any, read: Callable[[Any], Any]) -> dict[str, tuple[int, ...]]:
+        """name -> logical shape (reads only the small layout arrays)."""
+        layouts = saved_layouts(saved_layout(saved, read))
+        return {
+            name: (layouts[path[1]].vocabulary_size, *tuple(leaf.shape)[1:])
+            for name, (leaf, path) in self.names(saved).items()
+        }
+
+    def logical(self, saved: Any, read: Callable[[Any], Any], stored: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """`stored` (name -> the array as saved, in storage order) as whole logical tables."""
+        layouts = saved_layouts(saved_layout(saved, read))
+        paths = self.names(saved)
+        return {name: layouts[paths[name][1][1]].to_logical(value) for name, value in stored.items()}
+
+
+def _two_d(x: Any) -> Any:
+    x = jnp.asarray(x)
+    return x[:, None] if x.ndim == 1 else x
