@@ -1,6 +1,7 @@
 """Hot reloads leave nothing behind: versions loaded, warmed up, served and unloaded by the
 model store keep the process's JAX `Exported` objects, live arrays, batcher threads and file
-descriptors constant; a reloaded export shares its deserialized function, never its weights."""
+descriptors constant; a reloaded export shares its deserialized function, never its weights;
+the load metrics keep series for a bounded number of versions."""
 
 import gc
 import os
@@ -11,10 +12,11 @@ import time
 import jax
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tpu_estimator.checkpoint import flat_io
 from tpu_estimator.export.loader import load_exported
-from tpu_estimator.serving.metrics import ServingMetrics
+from tpu_estimator.serving.metrics import KEPT_MODEL_PATHS, ServingMetrics
 from tpu_estimator.serving.model_store import ModelStore
 
 ROW = {"x": np.asarray([[1, 2, 3, 4]], np.float32)}
@@ -96,3 +98,18 @@ def test_a_reloaded_export_shares_its_function_not_its_weights(versions):
     assert first.signatures[sig].exported is second.signatures[sig].exported is doubled.signatures[sig].exported
     np.testing.assert_array_equal(first.signatures[sig](ROW)["logits"], second.signatures[sig](ROW)["logits"])
     assert not np.allclose(first.signatures[sig](ROW)["logits"], doubled.signatures[sig](ROW)["logits"])
+
+
+def test_load_series_are_kept_for_the_newest_model_paths():
+    metrics = ServingMetrics()  # each version is a model path: a series per reload, for ever, unless bounded
+    for v in range(KEPT_MODEL_PATHS + 10):
+        metrics.load(f"/models/m/{v}", v % 2 == 0, 0.5)
+    metrics.load("/models/m/20", True, 0.5)  # a kept path counts on
+    families = {f.name: f for f in text_string_to_metric_families(metrics.exposition().decode())}
+    attempts = {(s.labels["model_path"], s.labels["status"]): s.value
+                for s in families[":tensorflow:cc:saved_model:load_attempt_count"].samples}
+    kept = range(10, KEPT_MODEL_PATHS + 10)
+    assert set(attempts) == {(f"/models/m/{v}", "success" if v % 2 == 0 else "fail") for v in kept}
+    assert attempts[("/models/m/20", "success")] == 2
+    latency = {s.labels["model_path"]: s.value for s in families[":tensorflow:cc:saved_model:load_latency"].samples}
+    assert latency == {f"/models/m/{v}": 1e6 if v == 20 else 5e5 for v in kept if v % 2 == 0}
