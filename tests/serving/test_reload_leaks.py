@@ -1,13 +1,15 @@
 """Hot reloads leave nothing behind: versions loaded, warmed up, served and unloaded by the
 model store keep the process's JAX `Exported` objects, live arrays, batcher threads and file
 descriptors constant; a reloaded export shares its deserialized function, never its weights;
-the load metrics keep series for a bounded number of versions."""
+glibc's freed pages are trimmed once an unloaded version is really freed; the load metrics
+keep series for a bounded number of versions."""
 
 import gc
 import os
 import shutil
 import threading
 import time
+import weakref
 
 import jax
 import numpy as np
@@ -17,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tpu_estimator.checkpoint import flat_io
 from tpu_estimator.export.loader import load_exported
 from tpu_estimator.serving.metrics import KEPT_MODEL_PATHS, ServingMetrics
+from tpu_estimator.serving import model_store
 from tpu_estimator.serving.model_store import ModelStore
 
 ROW = {"x": np.asarray([[1, 2, 3, 4]], np.float32)}
@@ -113,3 +116,26 @@ def test_load_series_are_kept_for_the_newest_model_paths():
     assert attempts[("/models/m/20", "success")] == 2
     latency = {s.labels["model_path"]: s.value for s in families[":tensorflow:cc:saved_model:load_latency"].samples}
     assert latency == {f"/models/m/{v}": 1e6 if v == 20 else 5e5 for v in kept if v % 2 == 0}
+
+
+def test_memory_is_trimmed_once_the_unloaded_version_is_freed(versions, monkeypatch):
+    base, add = versions
+    store = ModelStore(base, poll_seconds=0, version_policy="latest:1", batching_flags={"max_batch_size": 2})
+    store.start()
+    old = weakref.ref(store.get().model)
+    trims = []
+    monkeypatch.setattr(model_store, "trim", lambda: trims.append(old() is None))
+    try:
+        held = store.get()  # a request still running on the old version
+        (future,) = held.batchers["serving_default"].submit(ROW, 1)
+        add()
+        assert store.reload()
+        assert trims == []  # the old version is still in use: nothing freed yet
+        assert future.result(timeout=60)["logits"].shape == (1, 3)
+        del held
+        assert not store.reload()  # the next poll: freed now, trimmed once
+        assert trims == [True]
+        assert not store.reload()
+        assert trims == [True]
+    finally:
+        store.stop()
