@@ -12,8 +12,9 @@ the model run locally; every failure is an error (none expected).
 
 Resident memory of the server process (VmRSS) is sampled every
 `--rss_every` seconds; "flat" is measured as the least-squares slope of the
-samples after warm-up (the first reload cycle), in MB per hour, and the
-difference between the last sample and the first one after warm-up.
+samples after warm-up (the first reload cycle), in MB per hour (with its standard
+error and the samples' scatter around the line), and the difference between the
+last sample and the first one after warm-up; the samples are in the JSON.
 Progress is printed once a minute (flush), so a cut-short run still reports.
 
 Usage: .venv/bin/python benchmarks/serving_soak.py [--soak_seconds 3600] [--reload_every 300]
@@ -51,6 +52,19 @@ def new_version(base: str) -> int:
     shutil.copytree(os.path.join(base, str(versions[-1])), staging)
     os.rename(staging, os.path.join(base, str(new)))
     return new
+
+
+def rss_fit(times: np.ndarray, mbs: np.ndarray) -> dict[str, float]:
+    """The least-squares slope of RSS in MB/hour, its standard error, and the samples' scatter
+    around the line (standard deviation of the residuals, MB): "flat" = a slope within that noise.
+    Neighbouring samples are correlated (a swap holds two versions for seconds), so the standard
+    error is a lower bound."""
+    if len(times) < 3:
+        return {"rss_slope_mb_per_hour": float("nan")}
+    coef, cov = np.polyfit(times / 3600, mbs, 1, cov=True)
+    residuals = mbs - np.polyval(coef, times / 3600)
+    return {"rss_slope_mb_per_hour": float(coef[0]), "rss_slope_stderr_mb_per_hour": float(np.sqrt(cov[0, 0])),
+            "rss_residual_std_mb": float(residuals.std(ddof=2))}
 
 
 def soak(args: argparse.Namespace) -> dict:
@@ -127,7 +141,6 @@ def soak(args: argparse.Namespace) -> dict:
         loads[s.labels["status"]] += s.value
     times, mbs = np.asarray([t for t, _ in rss]), np.asarray([m for _, m in rss])
     warm = times >= min(args.reload_every, 0.25 * wall)
-    slope = float(np.polyfit(times[warm], mbs[warm], 1)[0] * 3600) if warm.sum() > 2 else float("nan")
     return {
         "wall_s": wall, "requests": dict(counts), "errors": len(errors), "first_errors": errors[:5],
         "p50_ms": {p: float(np.percentile(v, 50) * 1e3) for p, v in latencies.items() if v},
@@ -136,7 +149,9 @@ def soak(args: argparse.Namespace) -> dict:
         "metrics_request_count_by_status": served, "metrics_load_attempts": loads,
         "rss_samples": len(mbs), "rss_after_warmup_mb": float(mbs[warm][0]) if warm.any() else float("nan"),
         "rss_last_mb": float(mbs[-1]), "rss_max_mb": float(mbs.max()), "rss_min_after_warmup_mb":
-        float(mbs[warm].min()) if warm.any() else float("nan"), "rss_slope_mb_per_hour": slope,
+        float(mbs[warm].min()) if warm.any() else float("nan"), **rss_fit(times[warm], mbs[warm]),
+        "reload_at_s": [round(t, 1) for t, _ in reloads],
+        "rss_mb_samples": [[round(t, 1), round(m, 2)] for t, m in rss],
     }
 
 
@@ -154,7 +169,7 @@ def main() -> int:
         args.workdir = workdir
         args.base = bench.export(workdir)
         r = soak(args)
-    print(json.dumps(r, indent=1))
+    print(json.dumps({k: v for k, v in r.items() if k != "rss_mb_samples"}, indent=1))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(r, f, indent=1)

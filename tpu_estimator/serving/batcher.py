@@ -206,6 +206,12 @@ class Batcher:
             self._closed = True
             self._queue.put(_CLOSE)
 
+    def join(self, timeout: float | None = None) -> None:
+        """Waits (after `close()`) until the workers have run what was queued and ended."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for w in self._workers:
+            w.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
     def _work(self) -> None:
         pending: _Request | None = None
         while True:

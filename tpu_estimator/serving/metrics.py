@@ -13,6 +13,10 @@ Served as Prometheus text (prometheus-client's exposition) at the path of
 | `:tensorflow:cc:saved_model:load_attempt_count` | counter (untyped) | model_path, status (success/fail) |
 | `:tensorflow:cc:saved_model:load_latency` | counter (untyped), microseconds of successful loads | model_path |
 
+The load series are kept for the newest `KEPT_MODEL_PATHS` model paths (each
+version is a path: TF Serving keeps a series per version forever, a registry
+that grows with every hot reload).
+
 Each server has its own registry (no process-global state).
 """
 
@@ -31,6 +35,7 @@ from tpu_estimator.serving.tf_serving_proto import MonitoringConfig
 DEFAULT_PATH = "/monitoring/prometheus/metrics"
 _LATENCY_BUCKETS = tuple(10 * 1.8**i for i in range(33))  # TF Serving's: 10 us * 1.8^i
 _SIZE_BUCKETS = tuple(2**i for i in range(13))
+KEPT_MODEL_PATHS = 64  # model paths with load series (one path per version)
 
 
 def read_monitoring_config(path: str) -> str | None:
@@ -110,6 +115,11 @@ class ServingMetrics:
             self._loads[key] = self._loads.get(key, 0) + 1
             if ok:
                 self._load_us[model_path] = self._load_us.get(model_path, 0.0) + seconds * 1e6
+            paths = dict.fromkeys(path for path, _ in self._loads)  # first loaded first
+            for path in list(paths)[:-KEPT_MODEL_PATHS]:
+                for status in ("success", "fail"):
+                    self._loads.pop((path, status), None)
+                self._load_us.pop(path, None)
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import threading
 import time
+import weakref
 from typing import Any, Protocol, Sequence
 
 import jax
@@ -54,8 +55,20 @@ class LoadedVersion:
         for b in self.batchers.values():
             b.close()
 
+    def join(self, timeout: float) -> None:
+        """Waits (after `close()`) until the batchers have run what was queued and ended."""
+        deadline = time.monotonic() + timeout
+        for b in self.batchers.values():
+            b.join(max(0.0, deadline - time.monotonic()))
+
+
+def _drain(versions: list[LoadedVersion]) -> None:
+    for lv in versions:
+        lv.join(_DRAIN_SECONDS)
+
 
 _KEPT_ENDED = 16  # unloaded or failed versions still reported by the status API
+_DRAIN_SECONDS = 10.0  # how long a reload waits for an unloaded version's batchers to finish
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +122,7 @@ class ModelStore:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._retired: list[weakref.ref] = []  # unloaded versions' models until they are freed
 
     # --- versions ------------------------------------------------------------
 
@@ -159,29 +173,48 @@ class ModelStore:
         """Loads the versions the policy wants that are not loaded, then unloads those it no
         longer wants; True if anything changed. A version that fails to load is skipped (and
         reported as END with its error) for good."""
+        closed: list[LoadedVersion] = []
         with self._lock:
-            on_disk = self.versions_on_disk()
-            wanted = self.policy.select([v for v in on_disk if v not in self._failed])
-            if not wanted:  # nothing (usable) on disk: keep serving what is loaded
-                return False
-            changed = unloaded = False
-            while missing := sorted(set(wanted) - set(self._loaded), reverse=True):  # newest first
-                for version in missing:
-                    changed |= self._load_one(version)
-                wanted = self.policy.select([v for v in on_disk if v not in self._failed])  # after failures
-            for version in sorted(set(self._loaded) - set(wanted)):
-                old = self._loaded[version]
-                self._loaded = {v: lv for v, lv in self._loaded.items() if v != version}
-                old.close()  # requests queued there finish there
-                del old  # its weights are freed once the last request on it ends
-                self._states[version] = VersionState("END")
-                log.info("Unloaded version %d of %s.", version, self.base)
-                changed = True
-                unloaded = True
-            self._prune()
-        if unloaded:  # glibc keeps the freed weights' pages in its arenas: a reload every 5 min grew
-            trim()    # RSS ~1 MB each (benchmarks/serving_soak.py); flat with malloc_trim
+            changed = self._update(closed)
+        _drain(closed)  # their queued requests finish there
+        closed.clear()
+        with self._lock:
+            self._trim_when_freed()
         return changed
+
+    def _update(self, closed: list[LoadedVersion]) -> bool:
+        on_disk = self.versions_on_disk()
+        wanted = self.policy.select([v for v in on_disk if v not in self._failed])
+        if not wanted:  # nothing (usable) on disk: keep serving what is loaded
+            return False
+        changed = False
+        while missing := sorted(set(wanted) - set(self._loaded), reverse=True):  # newest first
+            for version in missing:
+                changed |= self._load_one(version)
+            wanted = self.policy.select([v for v in on_disk if v not in self._failed])  # after failures
+        for version in sorted(set(self._loaded) - set(wanted)):
+            old = self._loaded[version]
+            self._loaded = {v: lv for v, lv in self._loaded.items() if v != version}
+            old.close()
+            self._retired.append(weakref.ref(old.model))
+            closed.append(old)
+            self._states[version] = VersionState("END")
+            log.info("Unloaded version %d of %s.", version, self.base)
+            changed = True
+        self._prune()
+        return changed
+
+    def _trim_when_freed(self) -> None:
+        """glibc keeps freed weights' pages in its arenas: once every unloaded version's model is
+        freed (its batchers ended, the last request on it answered), `malloc_trim` hands them
+        back. Trimming right after the unload came too early: the old batcher's worker still
+        held the model (every time, under traffic), so its pages stayed (benchmarks/RESULTS.md)."""
+        if not self._retired:
+            return
+        alive = [r for r in self._retired if r() is not None]
+        if not alive:
+            trim()
+        self._retired = alive
 
     def _load_one(self, version: int) -> bool:
         self._states[version] = VersionState("LOADING")
