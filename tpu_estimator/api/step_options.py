@@ -58,7 +58,7 @@ def policy_names() -> list[str]:
 
 
 def check_remat_policy(value: Any) -> str | None:
-    if value is None or value == FULL_REMAT:
+    if value is None or (isinstance(value, str) and value == FULL_REMAT):
         return value
     names = policy_names()
     if not isinstance(value, str) or value not in names:
