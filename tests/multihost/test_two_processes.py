@@ -78,8 +78,8 @@ def test_input_from_host_zero_matches_one_host(tmp_path, monkeypatch, variable, 
 
 
 def test_embedding_tables_over_two_processes_match_one(tmp_path, monkeypatch):
-    """The tables' rows sharded over the 8 devices of two processes: ids gathered and
-    activations scattered across hosts; trains, evaluates (uneven hosts) and predicts as one."""
+    """The tables' rows sharded over the 8 devices of two processes: ids looked up across
+    hosts (routed to their owners or all-gathered, per table); trains, evaluates (uneven hosts) and predicts as one."""
     monkeypatch.setenv("WORKER_EMBEDDING", "1")
     two = run(2, tmp_path / "a", 4, tmp_path / "two.npz")
     one = run(1, tmp_path / "b", 4, tmp_path / "one.npz")

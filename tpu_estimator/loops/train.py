@@ -144,7 +144,7 @@ def step_program(
     """jit(state, batch [B, ...]) -> (state, outputs of this step).
 
     The returned state keeps the input's `step`: the host advances the counter
-    (the feeder places each next step ahead of time; estimator/training.py).
+    (the feeder places each next step ahead of time; estimator/train_feed.py).
     Measured on XLA:CPU (benchmarks/RESULTS.md): an independent `step + 1` in
     the program moves part of the step's work off the Eigen pool and cost ~3%
     on a CNN step.
