@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/transformer.py [--size cpu] [--devices 8] [--rounds 5]
         [--parameter_sharding fsdp] [--precision_policy mixed_bfloat16] [--remat_policy full]
-        [--peak_tflops 989]
+        [--batch N] [--peak_tflops 989]
 
 The model of examples/transformer_lm.py (a `--size`: "cpu" is small enough for
 this 2-core machine; "100m" the ~110M-parameter one for an accelerator), the
@@ -27,6 +27,7 @@ dtype; e.g. 989 for an H100's bf16), model FLOPs utilization.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import statistics
@@ -48,6 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--parameter_sharding", default=None)
     p.add_argument("--precision_policy", default=None)
     p.add_argument("--remat_policy", default=None)
+    p.add_argument("--batch", type=int, default=None, help="sequences per step (default: the size's)")
     p.add_argument("--peak_tflops", type=float, default=None, help="the device's dense peak, for MFU")
     return p.parse_args(argv)
 
@@ -77,6 +79,8 @@ def main(argv=None) -> int:
 
     sizes = dict(lm.SIZES, cpu=lm.Size(vocab=4096, width=256, layers=4, heads=8, seq_len=128, batch=32))
     size = sizes[args.size]
+    if args.batch:
+        size = dataclasses.replace(size, batch=args.batch)
     n_dev = jax.device_count()
     batches = [
         (lambda s: ({"tokens": s[:, :-1]}, s[:, 1:]))(lm.sequences(size, size.batch, seed=i))
@@ -170,8 +174,10 @@ def main(argv=None) -> int:
         box[0] = jax.block_until_ready(state)
 
     contenders = {"estimator": estimator_call, "scan": scan_call, "per-step": per_step_call}
-    for fn in contenders.values():
-        fn()  # warm-up: compiles
+    for name, fn in contenders.items():  # warm-up: compiles (timed on stderr, to see where a slow run goes)
+        t = time.perf_counter()
+        fn()
+        print(f"warm-up {name}: {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
     times = {k: [] for k in contenders}
     for r in range(args.rounds):
         order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
