@@ -6,7 +6,9 @@ over ~31-36 s, not settable), TensorStore (Orbax's array data: up to 32 tries
 with backoff up to 32 s, ~15 min; its context is built inside Orbax, so not
 settable through Orbax's public API). Instead of tuning each, every place where
 the caller waits on the store (a checkpoint save, the wait for a background save,
-closing the manager, a summary flush, the writable check) waits through
+closing the manager, a summary flush, the writable check; the reads: listing and
+checking checkpoints, restores, variable reads, the eval-results log; the writes
+of an export) waits through
 `wait_for`/`bounded`: while it waits longer than a probe interval, it asks the
 store for its bucket (one small request) every interval; once the store has not
 answered for `timeout_s()` seconds in a row it raises `CheckpointStorageError`

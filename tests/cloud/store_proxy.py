@@ -5,7 +5,10 @@ counts it by kind (`list`, `get` (object metadata), `download`, `upload`,
 `delete`, `copy`, `bucket`, `other`); `fail_every=n` answers every n-th request
 with a 503 instead of forwarding it (the clients' retries must get through);
 `gone = True` closes every connection without an answer from then on (a store that
-went away: the clients see the connection dropped).
+went away: the clients see the connection dropped). `go_away(when, how)` does either
+("503" or "gone") from the first request for which `when(kind, method, unquoted
+path?query)` is true (`went_at`: time.monotonic() then), e.g. at a restore's first
+data read.
 Point the clients at `proxy.url` (STORAGE_EMULATOR_HOST, TENSORSTORE_GCS_HTTP_URL)
 before they start: a subprocess's environment is the simple way.
 """
@@ -17,7 +20,9 @@ import http.client
 import http.server
 import re
 import threading
+import time
 import urllib.parse
+from typing import Callable
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
 
@@ -57,6 +62,9 @@ class StoreProxy:
         self.counts: collections.Counter[str] = collections.Counter()
         self.failed = 0
         self.log: list[tuple[str, str, str]] = []  # (kind, method, path?query) of each forwarded request
+        self.went_at: float | None = None
+        self._when: Callable[[str, str, str], bool] | None = None
+        self._how = "503"
         self._n = 0
         self._lock = threading.Lock()
         proxy = self
@@ -83,6 +91,14 @@ class StoreProxy:
             def _forward(self) -> None:
                 with proxy._lock:
                     proxy.arrived += 1
+                    when = proxy._when
+                    if when is not None and when(kind(self.command, self.path), self.command,
+                                                 urllib.parse.unquote(self.path)):
+                        proxy._when, proxy.went_at = None, time.monotonic()
+                        if proxy._how == "gone":
+                            proxy.gone = True
+                        else:
+                            proxy._n, proxy.fail_every = 0, 1
                 if proxy.gone:
                     self.close_connection = True
                     self.connection.close()
@@ -145,6 +161,19 @@ class StoreProxy:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="store-proxy", daemon=True)
         self._thread.start()
+
+    def go_away(self, when: Callable[[str, str, str], bool], how: str) -> None:
+        """From the first request matching `when` on: 503 to everything (`how="503"`) or every
+        connection dropped (`how="gone"`)."""
+        if how not in ("503", "gone"):
+            raise ValueError(f"how must be '503' or 'gone'; received how={how!r}")
+        with self._lock:
+            self._when, self._how, self.went_at = when, how, None
+
+    def back(self) -> None:
+        """The store answers again (and no trigger stays armed)."""
+        with self._lock:
+            self._when, self.fail_every, self.gone = None, 0, False
 
     def snapshot(self) -> collections.Counter[str]:
         with self._lock:

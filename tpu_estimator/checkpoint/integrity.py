@@ -52,8 +52,9 @@ from etils import epath
 from tpu_estimator.api.checks import message
 from tpu_estimator.checkpoint.listing import Entry, crc32c_of, list_files, read_bytes, write_bytes
 from tpu_estimator.checkpoint.numpy_read import restore_state_numpy, state_metadata
-from tpu_estimator.errors import DamagedCheckpointError
+from tpu_estimator.errors import CheckpointStorageError, DamagedCheckpointError
 from tpu_estimator.paths import is_local
+from tpu_estimator.storage import bounded
 
 log = logging.getLogger("tpu_estimator")
 
@@ -139,7 +140,16 @@ def forget() -> None:
 
 def verify(directory: str, step: int, steps: Sequence[int]) -> Verdict:
     """The integrity of step `step` of `directory` (`steps`: all its steps, for the rule
-    on steps without digests). Cached while no file of the step changes."""
+    on steps without digests). Cached while no file of the step changes.
+
+    Raises:
+      CheckpointStorageError: the store did not answer for `storage_timeout_s`.
+    """
+    return bounded(lambda: _verify_step(directory, step, steps), uri=str(directory),
+                   what=f"checking checkpoint {step}")
+
+
+def _verify_step(directory: str, step: int, steps: Sequence[int]) -> Verdict:
     root = epath.Path(directory) / str(step)
     listing = list_files(str(root))  # one request on an object store
     older_with_digests = None
@@ -331,7 +341,10 @@ def move_aside_if_damaged(directory: str, step: int, steps: Sequence[int], *, re
 
 def input_position_error(path: str, error: BaseException, *, fall_back: bool) -> None:
     """An input position that cannot be restored: raises, or (`fall_back`) warns that the
-    input starts from its beginning."""
+    input starts from its beginning. A store that stayed away is no damage: its
+    CheckpointStorageError is raised as it is."""
+    if isinstance(error, CheckpointStorageError):
+        raise error
     why = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"
     if fall_back:
         log.warning(

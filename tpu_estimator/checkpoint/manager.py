@@ -68,7 +68,7 @@ def split_checkpoint_path(path: str | os.PathLike[str]) -> tuple[str, int]:
     """`model_dir/<step>` -> (model_dir, step)."""
     path = as_uri(path, arg="checkpoint_path")
     base, name = str(epath.Path(path).parent), epath.Path(path).name
-    if not name.isdigit() or not epath.Path(path).is_dir():
+    if not name.isdigit() or not bounded(epath.Path(path).is_dir, uri=path, what="reading checkpoint_path"):
         raise ValueError(
             message(
                 "`checkpoint_path` must be a checkpoint directory `<model_dir>/<step>`, as "
@@ -101,7 +101,8 @@ class Checkpointer:
         )
         import orbax.checkpoint as ocp
 
-        self._manager = ocp.CheckpointManager(
+        # Orbax lists the steps (and creates the directory) here: bounded like every read.
+        self._manager = self._bounded(lambda: ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
                 multiprocessing_options=this_process_alone() if read_only else ocp.options.MultiprocessingOptions(),
@@ -121,17 +122,20 @@ class Checkpointer:
                     create_directories_asynchronously=False,
                 ),
             ),
-        )
+        ), "opening the checkpoints of model_dir")
 
     def latest_step(self) -> int | None:
-        self._manager.reload()
+        self._reload()
         return self._manager.latest_step()
 
     def all_steps(self, *, reload: bool = True) -> list[int]:
         """The saved steps; `reload=False` trusts the last directory scan (plus own saves)."""
         if reload:
-            self._manager.reload()
+            self._reload()
         return list(self._manager.all_steps())
+
+    def _reload(self) -> None:
+        self._bounded(self._manager.reload, "listing the checkpoints")
 
     def path(self, step: int) -> str:
         return join(self.directory, str(step))
@@ -150,7 +154,7 @@ class Checkpointer:
                 self.directory, step, self.all_steps(reload=False), rename=jax.process_index() == 0
             ):
                 return False
-            self._manager.reload()
+            self._reload()
         items = {"state": ocp.args.StandardSave(state)}
         if input_state is not None:
             items["input"] = ocp.args.JsonSave(input_state)
@@ -186,27 +190,45 @@ class Checkpointer:
         integrity.commit_digests(self.directory, step, input_saved=input_saved)
 
     def restore(self, step: int, abstract: Any) -> Any:
-        """The state restored into `abstract`'s structure (ShapeDtypeStructs with shardings)."""
+        """The state restored into `abstract`'s structure (ShapeDtypeStructs with shardings).
+
+        Raises:
+          CheckpointStorageError: the store did not answer for `storage_timeout_s`.
+        """
         import orbax.checkpoint as ocp
 
-        out = self._manager.restore(
+        out = self._bounded(lambda: self._manager.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
-        )
+        ), f"restoring checkpoint {step}")
         return out["state"]
 
     def restore_input(self, step: int) -> Any:
-        """The input position saved with `step`, or None."""
+        """The input position saved with `step`, or None.
+
+        Raises:
+          CheckpointStorageError: the store did not answer for `storage_timeout_s`.
+        """
         import orbax.checkpoint as ocp
 
-        if not epath.Path(self.path(step), "input").is_dir():
-            return None
-        return self._manager.restore(step, args=ocp.args.Composite(input=ocp.args.JsonRestore()))["input"]
+        def read() -> Any:
+            if not epath.Path(self.path(step), "input").is_dir():
+                return None
+            return self._manager.restore(step, args=ocp.args.Composite(input=ocp.args.JsonRestore()))["input"]
+
+        return self._bounded(read, f"restoring the input position of checkpoint {step}")
 
     def restore_raw(self, step: int) -> dict[str, Any]:
-        """The saved state as nested dicts of numpy-backed arrays (no model needed)."""
+        """The saved state as nested dicts of numpy-backed arrays (no model needed).
+
+        Raises:
+          CheckpointStorageError: the store did not answer for `storage_timeout_s`.
+        """
         import orbax.checkpoint as ocp
 
-        out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+        out = self._bounded(
+            lambda: self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore())),
+            f"restoring checkpoint {step}",
+        )
         return out["state"]
 
     def wait(self) -> None:

@@ -12,19 +12,28 @@ import jax
 import numpy as np
 from etils import epath
 
+from tpu_estimator.storage import bounded
+
 _STATE = "state"  # the item of a checkpoint holding the TrainState (see Checkpointer.save)
 
 
 def state_metadata(checkpoint_path: str) -> dict[str, Any]:
     """The state saved in checkpoint `<model_dir>/<step>` as nested dicts of Orbax
-    `ArrayMetadata` (shape, dtype); reads no array."""
+    `ArrayMetadata` (shape, dtype); reads no array.
+
+    Raises:
+      CheckpointStorageError: the store did not answer for `storage_timeout_s`.
+    """
     import orbax.checkpoint as ocp
 
-    handler = ocp.StandardCheckpointHandler()
-    try:
-        tree = handler.metadata(epath.Path(checkpoint_path) / _STATE)
-    finally:
-        handler.close()
+    def read() -> Any:
+        handler = ocp.StandardCheckpointHandler()
+        try:
+            return handler.metadata(epath.Path(checkpoint_path) / _STATE)
+        finally:
+            handler.close()
+
+    tree = bounded(read, uri=checkpoint_path, what="reading the checkpoint's metadata")
     return dict(getattr(tree, "tree", tree))
 
 
@@ -43,6 +52,9 @@ def restore_state_numpy(checkpoint_path: str, subtree: Any) -> Any:
 
     Reads nothing else (e.g. no optimizer state for the variables alone) and
     needs no mesh: it works on any device count, whatever topology saved it.
+
+    Raises:
+      CheckpointStorageError: the store did not answer for `storage_timeout_s`.
     """
     import orbax.checkpoint as ocp
 
@@ -50,6 +62,10 @@ def restore_state_numpy(checkpoint_path: str, subtree: Any) -> Any:
     restore_args = jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), subtree)
     args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
     alone = this_process_alone()
-    handler = ocp.PyTreeCheckpointHandler(multiprocessing_options=alone)
-    with ocp.Checkpointer(handler, multiprocessing_options=alone) as checkpointer:
-        return checkpointer.restore(epath.Path(checkpoint_path) / _STATE, args=args)
+
+    def read() -> Any:
+        handler = ocp.PyTreeCheckpointHandler(multiprocessing_options=alone)
+        with ocp.Checkpointer(handler, multiprocessing_options=alone) as checkpointer:
+            return checkpointer.restore(epath.Path(checkpoint_path) / _STATE, args=args)
+
+    return bounded(read, uri=checkpoint_path, what="reading the checkpoint's variables")

@@ -32,6 +32,7 @@ from tpu_estimator.checkpoint import flat_io, integrity
 from tpu_estimator.checkpoint.manager import Checkpointer
 from tpu_estimator.checkpoint.variables import GLOBAL_STEP, Readers, checkpoint_shapes, checkpoint_variables
 from tpu_estimator.paths import as_uri, join
+from tpu_estimator.storage import bounded
 
 _PARAMS_PREFIX = "params/"
 _SHOWN_NAMES = 50  # names listed in an unknown-name error
@@ -56,8 +57,9 @@ def list_variables(
       ValueError: the path holds no checkpoint and is no export.
       DamagedCheckpointError: (a ValueError) the checkpoint read (a model_dir's newest) is
         damaged: its files differ from those recorded when it was saved.
+      CheckpointStorageError: the path's object store did not answer for `storage_timeout_s`.
     """
-    return sorted(_open(ckpt_dir_or_file, readers).shapes().items())
+    return _bounded(ckpt_dir_or_file, lambda: sorted(_open(ckpt_dir_or_file, readers).shapes().items()))
 
 
 def load_variable(
@@ -80,7 +82,12 @@ def load_variable(
       ValueError: the path holds no checkpoint and is no export, or `name` is
         not saved there (the message lists the names that are).
       DamagedCheckpointError: (a ValueError) the checkpoint read is damaged.
+      CheckpointStorageError: the path's object store did not answer for `storage_timeout_s`.
     """
+    return _bounded(ckpt_dir_or_file, lambda: _load_variable(ckpt_dir_or_file, name, readers))
+
+
+def _load_variable(ckpt_dir_or_file: Any, name: str, readers: Readers | None) -> np.ndarray:
     source = _open(ckpt_dir_or_file, readers)
     names = sorted(source.shapes())
     if name not in names:
@@ -100,7 +107,17 @@ def load_variables(
     ckpt_dir_or_file: str | os.PathLike[str], *, readers: Readers | None = None
 ) -> dict[str, np.ndarray]:
     """Every saved variable by name (`global_step` included when saved)."""
-    return _open(ckpt_dir_or_file, readers).read(None)
+    return _bounded(ckpt_dir_or_file, lambda: _open(ckpt_dir_or_file, readers).read(None))
+
+
+def _bounded(ckpt_dir_or_file: Any, read: Callable[[], Any]) -> Any:
+    """`read()`, ended by CheckpointStorageError when the path's object store stays away
+    for `storage_timeout_s` (tpu_estimator/storage.py); local paths are read directly."""
+    path = os.fsdecode(ckpt_dir_or_file) if isinstance(ckpt_dir_or_file, bytes) else ckpt_dir_or_file
+    if not isinstance(path, (str, os.PathLike)):
+        return read()  # (`_open` raises the TypeError naming the argument)
+    uri = as_uri(path, arg="ckpt_dir_or_file")
+    return bounded(read, uri=uri, what=f"reading the variables saved at {uri}")
 
 
 @dataclasses.dataclass(frozen=True)

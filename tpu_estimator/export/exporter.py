@@ -33,6 +33,7 @@ from tpu_estimator.checkpoint import flat_io as var_io
 from tpu_estimator.checkpoint.variables import saved_state
 from tpu_estimator.model import components
 from tpu_estimator.paths import as_path, as_uri, is_local, join
+from tpu_estimator.storage import bounded
 from tpu_estimator.version import __version__
 from tpu_estimator.export.signatures import GraphFunctions, MetaGraphPlan, plan_meta_graphs
 
@@ -76,14 +77,15 @@ def export_all(
         )
 
     local = is_local(base)
-    epath.Path(base).mkdir(parents=True, exist_ok=True)
     # local: a hidden temporary directory, renamed at the end; object store: the final one
     if local:
         temp_dirs.remove_abandoned(base)  # what interrupted exports left
-    tmp = temp_dirs.new_temp(base) if local else _unused_timestamp(base)
-    epath.Path(tmp).mkdir(parents=True)
+    tmp = temp_dirs.new_temp(base) if local else _on_store(base, "choosing the export's directory",
+                                                            lambda: _unused_timestamp(base))
+    _on_store(tmp, "creating the export's directory", lambda: epath.Path(tmp).mkdir(parents=True))
     try:
-        var_dtypes = var_io.save(flat, tmp, mf.VARIABLES_FILE)
+        var_dtypes = _on_store(tmp, "writing the export's variables",
+                               lambda: var_io.save(flat, tmp, mf.VARIABLES_FILE))
         var_avals = {n: jax.ShapeDtypeStruct(a.shape, a.dtype) for n, a in flat.items()}
         graphs, converted = [], []
         for plan in plans:
@@ -94,8 +96,12 @@ def export_all(
         saved_model = _saved_model(tmp, flat, converted)
         for dest, src in assets.items():
             path = epath.Path(tmp, mf.ASSETS_EXTRA_DIR, dest)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(epath.Path(src).read_bytes())
+
+            def copy(path: epath.Path = path, src: str = src) -> None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(epath.Path(src).read_bytes())
+
+            _on_store(tmp, f"copying asset {dest}", copy)
         manifest = {
             "format": mf.FORMAT,
             "format_version": mf.FORMAT_VERSION,
@@ -111,7 +117,8 @@ def export_all(
             "assets_extra": sorted(assets),
             "saved_model": saved_model,
         }
-        mf.write_manifest(tmp, manifest)  # (object store: the commit marker, written last)
+        # (object store: the commit marker, written last)
+        _on_store(tmp, "writing the export's manifest", lambda: mf.write_manifest(tmp, manifest))
         final = _rename_to_timestamp(tmp, base) if local else tmp
     except BaseException:
         _remove(tmp)
@@ -150,11 +157,17 @@ def _export_graph(fns: GraphFunctions, var_avals: Any, out_dir: str, *, as_text:
             ) from e
         programs[sig] = exported
         rel = mf.function_path(plan.tags, sig)
-        path = epath.Path(out_dir) / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(exported.serialize())
-        if as_text:
-            (epath.Path(out_dir) / mf.function_path(plan.tags, sig, ".mlir")).write_text(exported.mlir_module())
+        serialized = exported.serialize()
+        text = exported.mlir_module() if as_text else None
+
+        def write(rel: str = rel, serialized: bytes = serialized, text: str | None = text) -> None:
+            path = epath.Path(out_dir) / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(serialized)
+            if text is not None:
+                (epath.Path(out_dir) / mf.function_path(plan.tags, sig, ".mlir")).write_text(text)
+
+        _on_store(out_dir, f"writing the exported function {rel}", write)
         signatures[sig] = {
             "method_name": method,
             "file": rel,
@@ -296,13 +309,24 @@ def _unused_timestamp(base: str) -> str:
 
 
 def _remove(directory: str) -> None:
-    """Removes a partial export (best effort: a leftover one without a manifest is ignored)."""
-    try:
+    """Removes a partial export (best effort: a leftover one without a manifest is ignored;
+    on a store that stays away it is left after at most `storage_timeout_s`)."""
+
+    def remove() -> None:
         path = epath.Path(directory)
         if path.exists():
             path.rmtree()
-    except Exception:  # pragma: no cover - best effort
+
+    try:
+        _on_store(directory, "removing the partial export", remove)
+    except Exception:  # noqa: BLE001 - best effort
         log.warning("Could not remove the partial export %s.", directory)
+
+
+def _on_store(path: str, what: str, fn: Callable[[], Any]) -> Any:
+    """`fn()` (I/O under `path`); on an object store that stays away for `storage_timeout_s`
+    a CheckpointStorageError naming `path` (tpu_estimator/storage.py). Local: `fn()` as is."""
+    return bounded(fn, uri=path, what=f"{what} (export_saved_model)")
 
 
 def _versions() -> dict[str, Any]:
@@ -321,7 +345,7 @@ def _check_base(export_dir_base: Any) -> str:
     """The export base as a URI, created now (before any work) if missing."""
     base = as_uri(export_dir_base, arg="export_dir_base")
     try:
-        epath.Path(base).mkdir(parents=True, exist_ok=True)
+        _on_store(base, "creating export_dir_base", lambda: epath.Path(base).mkdir(parents=True, exist_ok=True))
     except OSError as e:
         raise ValueError(
             message(

@@ -63,6 +63,7 @@ from etils import epath
 
 from tpu_estimator.api.example_parsing import ExampleSpec
 from tpu_estimator.export import tf_call_module, tf_example_parsing
+from tpu_estimator.storage import bounded
 
 SAVED_MODEL_FILE = "saved_model.pb"
 TF_VARIABLES_PREFIX = "variables/variables"
@@ -124,14 +125,18 @@ def write(out_dir: str, flat: Mapping[str, np.ndarray], graphs: Sequence[MetaGra
     with tempfile.TemporaryDirectory(prefix="tpu_estimator_saved_model-") as tmp:
         local = os.path.join(tmp, "saved_model")
         described = _build(local, flat, graphs, target)
-        for root, _, files in os.walk(local):
-            for name in files:
-                src = os.path.join(root, name)
-                rel = os.path.relpath(src, local).replace(os.sep, "/")
-                dest = epath.Path(out_dir) / rel
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                with open(src, "rb") as fin, dest.open("wb") as fout:
-                    shutil.copyfileobj(fin, fout)
+
+        def copy() -> None:
+            for root, _, files in os.walk(local):
+                for name in files:
+                    src = os.path.join(root, name)
+                    rel = os.path.relpath(src, local).replace(os.sep, "/")
+                    dest = epath.Path(out_dir) / rel
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    with open(src, "rb") as fin, dest.open("wb") as fout:
+                        shutil.copyfileobj(fin, fout)
+
+        bounded(copy, uri=out_dir, what="copying the TF SavedModel (export_saved_model)")
     return {
         "file": SAVED_MODEL_FILE,
         "variables": TF_VARIABLES_PREFIX,

@@ -53,15 +53,18 @@ def record_eval(eval_dir: str, step: int, results: Mapping[str, Any]) -> None:
 
 
 def read_eval_results(eval_dir: str) -> dict[int, dict[str, float]]:
-    """{global_step: results} of every evaluation recorded in `eval_dir` (the latest per step)."""
+    """{global_step: results} of every evaluation recorded in `eval_dir` (the latest per step).
+
+    Raises:
+      CheckpointStorageError: an object store did not answer for `storage_timeout_s`.
+    """
     path = as_path(eval_dir, arg="eval_dir") / RESULTS_FILE
+    text = bounded(lambda: path.read_text() if path.exists() else "", uri=str(path),
+                   what=f"reading {RESULTS_FILE}")
     out: dict[int, dict[str, float]] = {}
-    if not path.exists():
-        return out
-    with path.open("r") as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                row = json.loads(line)
-                out[int(row["global_step"])] = row
+    for line in text.splitlines():
+        line = line.strip()
+        if line:
+            row = json.loads(line)
+            out[int(row["global_step"])] = row
     return dict(sorted(out.items()))
