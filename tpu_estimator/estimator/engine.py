@@ -22,8 +22,11 @@ the rest, the same for every mode:
   says so, `Policy.preempted` acts (train() saves and stops; evaluate() and
   predict() raise PreemptedError).
 * outputs: `submit` starts copying a dispatched program's outputs to the host
-  (`copy_to_host_async`) and keeps at most `inflight.MAX_IN_FLIGHT` programs
-  queued; `fetch` reads them (waiting only for what is not yet copied).
+  (`copy_to_host_async`) and keeps at most `inflight.MAX_IN_FLIGHT` programs,
+  holding at most `inflight.max_input_bytes()` of device input (two feeder
+  chunks), queued; `fetch` reads them (waiting only for what is not yet copied).
+* feeding: every mode's loops come from the one feeder (feeding/feeder.py), each
+  loop an iterator of chunks that `Policy.dispatch` queues as they arrive.
 
 `run` is a generator of (`Done`, RunContext) per loop, yielded after the hooks
 and the preemption check: the mode does its own per-loop work there (train()
@@ -43,6 +46,7 @@ import jax
 from tpu_estimator.api.session_run_hook import RunContext, Session, SessionRunHook
 from tpu_estimator.estimator import hook_runner, inflight
 from tpu_estimator.estimator.preemption import Watch
+from tpu_estimator.feeding import feeder
 
 
 @dataclasses.dataclass
@@ -80,14 +84,15 @@ class Engine:
         self.session, self.hooks, self.watch = session, list(hooks), watch
         self._in_flight: collections.deque = collections.deque()
 
-    def submit(self, out: Any) -> Any:
-        """A program just dispatched: its outputs start moving to the host, and the host waits
-        when more than MAX_IN_FLIGHT programs are queued. Returns `out`."""
+    def submit(self, out: Any, holds: Any = None) -> Any:
+        """A program just dispatched with the device input `holds`: its outputs start moving to
+        the host, and the host waits while more than MAX_IN_FLIGHT programs, or more input
+        bytes than `inflight.max_input_bytes()`, are queued. Returns `out`."""
         leaves = jax.tree.leaves(out)
         for leaf in leaves:
             leaf.copy_to_host_async()
         if leaves:
-            inflight.bound(self._in_flight, leaves[0])
+            inflight.bound(self._in_flight, leaves[0], feeder.nbytes(holds))
         return out
 
     @staticmethod
