@@ -21,6 +21,9 @@ the rest, the same for every mode:
   `after_run`, the engine asks the `Watch` (estimator/preemption.py); when it
   says so, `Policy.preempted` acts (train() saves and stops; evaluate() and
   predict() raise PreemptedError).
+* host calls: a policy's `read` calls the user's host-side functions on the
+  fetched outputs of each step through `Engine.call_host` (train()'s host_call,
+  evaluate()'s metric_fn when it does not trace).
 * outputs: `submit` starts copying a dispatched program's outputs to the host
   (`copy_to_host_async`) and keeps at most `inflight.MAX_IN_FLIGHT` programs,
   holding at most `inflight.max_input_bytes()` of device input (two feeder
@@ -39,7 +42,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-from typing import Any, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import jax
 
@@ -99,6 +102,13 @@ class Engine:
     def fetch(outs: Any) -> Any:
         """Programs' outputs (any pytree of them) as host arrays; waits for them."""
         return jax.device_get(outs)
+
+    @staticmethod
+    def call_host(fn: Callable[..., Any], args: Any) -> Any:
+        """A user's host-side function (train()'s host_call, evaluate()'s metric_fn when it
+        does not trace) on one step's fetched outputs: `fn(**args)` for a dict, else
+        `fn(*args)`. Policies call it from `read`, on the host loop's thread."""
+        return fn(**args) if isinstance(args, dict) else fn(*args)
 
     def run(self, loops: Iterable[Any], policy: Policy) -> Iterator[tuple[Done, RunContext]]:
         """`loops` through `policy`; yields each loop read back, after its hooks (see above)."""

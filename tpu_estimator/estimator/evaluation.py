@@ -158,7 +158,7 @@ class _Accumulator:
         metric_fn = self.runtime.spec.metric_fn
         if metric_fn is None:
             return
-        got = metric_fn(**tensors) if isinstance(tensors, dict) else metric_fn(*tensors)
+        got = Engine.call_host(metric_fn, tensors)
         if not isinstance(got, dict):
             raise TypeError(
                 message(

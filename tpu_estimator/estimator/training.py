@@ -345,11 +345,7 @@ class _Training:
         every = self.core.config.tpu_config.experimental_host_call_every_n_steps
         k = len(jax.tree.leaves(outputs)[0]) if jax.tree.leaves(outputs) else 0
         for i in range(0, k, every):
-            args = jax.tree.map(lambda x: x[i], outputs)
-            if isinstance(args, dict):
-                fn(**args)
-            else:
-                fn(*args)
+            self.engine.call_host(fn, jax.tree.map(lambda x: x[i], outputs))
 
     def log(self, result: LoopResult) -> None:
         """Every `log_step_count_steps`: the loss and the rates, in the log and as summaries."""
