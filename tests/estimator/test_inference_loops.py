@@ -136,3 +136,36 @@ def test_metric_fn_runs_in_the_program_when_it_traces(tmp_path, data, strategy):
     assert results["traced"].keys() == results["numpy"].keys()
     for key, value in results["numpy"].items():
         assert results["traced"][key] == pytest.approx(value, rel=1e-6), key
+
+
+def test_the_device_input_in_flight_is_a_few_chunks_not_a_loop(trained, data, monkeypatch):
+    """A long predict loop (40 batches) fed in chunks of 4 batches: the chunks are dispatched
+    as they arrive and the queued programs hold at most two chunks of input, so the live
+    device input (stacked chunks and single batches) stays at a few chunks, not a loop's 10."""
+    import jax
+
+    from tpu_estimator.feeding import feeder
+
+    x = data[0][:992]  # 62 batches of 16; 3 epochs: 4 loops of 40 batches and one of 26
+    batch_bytes = 16 * 8 * 4  # predict batch 16 x N_FEATURES float32
+    monkeypatch.setattr(feeder, "MAX_CHUNK_BYTES", 4 * batch_bytes)
+
+    def live_input() -> int:
+        return sum(a.nbytes for a in jax.live_arrays() if a.dtype == np.float32 and a.shape[-2:] == (16, 8))
+
+    peak = []
+
+    class Sample(te.SessionRunHook):
+        def after_run(self, run_context, run_values):
+            peak.append(live_input())
+
+    before = live_input()
+    tpu = te.TPUConfig(iterations_per_loop=40, loop_strategy="scan")
+    est = estimator(trained["scan"].model_dir, tpu_config=tpu, eval_batch_size=64, predict_batch_size=16)
+    n = 0
+    for preds in est.predict(batches_fn(x, None, repeat=3), hooks=[Sample()], yield_single_examples=False):
+        n += len(preds["logits"])
+        peak.append(live_input())
+    assert n == 3 * len(x)
+    chunk = 4 * batch_bytes
+    assert max(peak) - before <= 4 * chunk, (max(peak) - before) / chunk  # a loop is 10 chunks

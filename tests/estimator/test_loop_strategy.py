@@ -108,19 +108,19 @@ def test_the_rule_per_backend():
 
 
 def test_step_loops_are_fed_in_growing_chunks_so_the_first_step_starts_at_once(tmp_path, data, monkeypatch):
-    from tpu_estimator.estimator import train_feed
+    from tpu_estimator.feeding import feeder
 
     x, y = data
     seen = []
-    real_chunks = train_feed.chunks
+    real_chunks = feeder.chunks
 
     def recording(*args, **kwargs):
         for chunk in real_chunks(*args, **kwargs):
             seen.append((len(chunk.data), chunk.end_of_loop))
             yield chunk
 
-    monkeypatch.setattr(train_feed, "chunks", recording)
-    monkeypatch.setattr(train_feed, "STEP_CHUNK", 4)
+    monkeypatch.setattr(feeder, "chunks", recording)
+    monkeypatch.setattr(feeder, "STEP_CHUNK", 4)
     tpu = te.TPUConfig(iterations_per_loop=8, loop_strategy="step")
     estimator(tmp_path, tpu_config=tpu).train(batches_fn(x, y), steps=20)
     # Loop 1: 1+2+4+1; loop 2: 4+4 (capped at STEP_CHUNK); loop 3 (4 steps): 4.

@@ -211,12 +211,12 @@ def test_a_time_based_loop_starts_small_and_grows_in_powers_of_two(tmp_path, dat
 
 
 def test_a_loop_bigger_than_the_chunk_bound_is_fed_in_chunks(tmp_path, data, monkeypatch):
-    from tpu_estimator.estimator import train_feed
+    from tpu_estimator.feeding import feeder
 
     x, y = data
     inp = batches_fn(x, y, repeat=2)
     whole = estimator(tmp_path / "whole", ipl=8).train(inp, steps=16)
-    monkeypatch.setattr(train_feed, "MAX_CHUNK_BYTES", 3 * 16 * 9 * 4)  # 3 batches per chunk
+    monkeypatch.setattr(feeder, "MAX_CHUNK_BYTES", 3 * 16 * 9 * 4)  # 3 batches per chunk
     hook = StepRecorder()
     chunked = estimator(tmp_path / "chunked", ipl=8).train(inp, steps=16, hooks=[hook])
     assert hook.steps == [8, 16]

@@ -21,9 +21,15 @@ the rest, the same for every mode:
   `after_run`, the engine asks the `Watch` (estimator/preemption.py); when it
   says so, `Policy.preempted` acts (train() saves and stops; evaluate() and
   predict() raise PreemptedError).
+* host calls: a policy's `read` calls the user's host-side functions on the
+  fetched outputs of each step through `Engine.call_host` (train()'s host_call,
+  evaluate()'s metric_fn when it does not trace).
 * outputs: `submit` starts copying a dispatched program's outputs to the host
-  (`copy_to_host_async`) and keeps at most `inflight.MAX_IN_FLIGHT` programs
-  queued; `fetch` reads them (waiting only for what is not yet copied).
+  (`copy_to_host_async`) and keeps at most `inflight.MAX_IN_FLIGHT` programs,
+  holding at most `inflight.max_input_bytes()` of device input (two feeder
+  chunks), queued; `fetch` reads them (waiting only for what is not yet copied).
+* feeding: every mode's loops come from the one feeder (feeding/feeder.py), each
+  loop an iterator of chunks that `Policy.dispatch` queues as they arrive.
 
 `run` is a generator of (`Done`, RunContext) per loop, yielded after the hooks
 and the preemption check: the mode does its own per-loop work there (train()
@@ -36,13 +42,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-from typing import Any, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import jax
 
 from tpu_estimator.api.session_run_hook import RunContext, Session, SessionRunHook
 from tpu_estimator.estimator import hook_runner, inflight
 from tpu_estimator.estimator.preemption import Watch
+from tpu_estimator.feeding import feeder
 
 
 @dataclasses.dataclass
@@ -80,20 +87,28 @@ class Engine:
         self.session, self.hooks, self.watch = session, list(hooks), watch
         self._in_flight: collections.deque = collections.deque()
 
-    def submit(self, out: Any) -> Any:
-        """A program just dispatched: its outputs start moving to the host, and the host waits
-        when more than MAX_IN_FLIGHT programs are queued. Returns `out`."""
+    def submit(self, out: Any, holds: Any = None) -> Any:
+        """A program just dispatched with the device input `holds`: its outputs start moving to
+        the host, and the host waits while more than MAX_IN_FLIGHT programs, or more input
+        bytes than `inflight.max_input_bytes()`, are queued. Returns `out`."""
         leaves = jax.tree.leaves(out)
         for leaf in leaves:
             leaf.copy_to_host_async()
         if leaves:
-            inflight.bound(self._in_flight, leaves[0])
+            inflight.bound(self._in_flight, leaves[0], feeder.nbytes(holds))
         return out
 
     @staticmethod
     def fetch(outs: Any) -> Any:
         """Programs' outputs (any pytree of them) as host arrays; waits for them."""
         return jax.device_get(outs)
+
+    @staticmethod
+    def call_host(fn: Callable[..., Any], args: Any) -> Any:
+        """A user's host-side function (train()'s host_call, evaluate()'s metric_fn when it
+        does not trace) on one step's fetched outputs: `fn(**args)` for a dict, else
+        `fn(*args)`. Policies call it from `read`, on the host loop's thread."""
+        return fn(**args) if isinstance(args, dict) else fn(*args)
 
     def run(self, loops: Iterable[Any], policy: Policy) -> Iterator[tuple[Done, RunContext]]:
         """`loops` through `policy`; yields each loop read back, after its hooks (see above)."""

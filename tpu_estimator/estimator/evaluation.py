@@ -1,7 +1,7 @@
 """The host side of `evaluate()`: runs eval loops, merges metrics exactly.
 
-Batches run in loops of up to `iterations_per_loop` (estimator/inference.py:
-one on-device program per loop, or queued per-batch programs, with the host
+Batches run in loops of about `iterations_per_loop` (estimator/inference.py:
+on-device programs over chunks of a loop, or queued per-batch programs, with the host
 merging loop L while the devices run loop L+1), driven by the loop engine
 (estimator/engine.py); this module is the policy: what a loop's outputs mean. Full batches run the model as
 written; the loss of a batch is the mean of the replicas' losses. A padded
@@ -14,6 +14,7 @@ one everywhere) with `PreemptedError`: no metrics recorded (estimator/preemption
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -24,8 +25,7 @@ from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.estimator import hook_runner, inference, liveness, preemption, progress
 from tpu_estimator.estimator.engine import Done, Engine
-from tpu_estimator.feeding.device import Placer, batch_specs
-from tpu_estimator.feeding.lockstep import lockstep_feed, real_rows
+from tpu_estimator.feeding.lockstep import real_rows
 from tpu_estimator.metrics import Metric, merge_stacked
 from tpu_estimator.parallel.distributed import lost_host_timeout_s
 from tpu_estimator.paths import join
@@ -75,22 +75,19 @@ def _evaluate(core: "Core", input_fn: Any, steps: int | None, hooks: list[Any], 
         raise ValueError(message("evaluate() needs at least one batch of input.", "an empty input_fn"))
     state = core.state_for(runtime, first, batches.axes, ref, train=False)
     all_hooks = [*hooks, *runtime.spec.hooks, *progress.hooks_for("eval", steps)]
-    place = Placer(batch_specs(batches.axes), core.topology)
-
     global_step = int(jax.device_get(state.step))
-    strategy = core.loop_strategy.inference
     size = inference.loop_size(core.config.tpu_config.iterations_per_loop_parsed)
-    blocks = inference.blocking(strategy, size, first, lambda b: b.tree, core.topology, batches.axes)
+    plan = inference.InferencePlan(core.loop_strategy.inference, size, first, lambda b: b.tree, core.topology,
+                                   batches.axes)
     acc = _Accumulator(runtime)
-    with preemption.Watch(redeliver=True) as watch, \
-            lockstep_feed(first, batches, lambda b: place(b.tree), steps=steps, blocking=blocks) as feed:
+    inputs = itertools.islice(itertools.chain([first], batches), steps)
+    with preemption.Watch(redeliver=True) as watch, inference.feed(inputs, first, plan) as loops:
         engine = Engine(core, all_hooks, watch)
         policy = _Evaluation(
             acc, engine, runtime.program, {"single": "eval", "loop": "eval_scan", "padded": "eval_examples"},
-            (runtime.program_variables(state), state.step, state.rng), strategy=strategy, size=size,
-            global_step=global_step,
+            (runtime.program_variables(state), state.step, state.rng), k=plan.k, global_step=global_step,
         )
-        for _ in engine.run(inference.loops(feed, size), policy):
+        for _ in engine.run(loops, policy):
             pass  # the policy merged the loop; the engine ran its hooks
     results = acc.results()
     results["global_step"] = global_step
@@ -150,7 +147,7 @@ class _Accumulator:
 
     def _add_padded(self, step: inference.Step, out: dict[str, Any]) -> None:
         """A padded batch's per-example outputs: only the real rows count."""
-        real = real_rows(step.counts, step.host.size)
+        real = real_rows(step.counts, step.size)
         self.loss_sum += float(np.asarray(out["loss"], np.float64)[real].sum())
         self.count += int(real.sum())
         self._merge({k: merge_stacked(jax.tree.map(lambda x: np.asarray(x)[real], v)) for k, v in out["ops"].items()})
@@ -161,7 +158,7 @@ class _Accumulator:
         metric_fn = self.runtime.spec.metric_fn
         if metric_fn is None:
             return
-        got = metric_fn(**tensors) if isinstance(tensors, dict) else metric_fn(*tensors)
+        got = Engine.call_host(metric_fn, tensors)
         if not isinstance(got, dict):
             raise TypeError(
                 message(

@@ -1,20 +1,21 @@
-"""The loops of `evaluate()` and `predict()`: batches in loops, one loop in flight ahead.
+"""The loops of `evaluate()` and `predict()`: their feed plan and their shared engine policy.
 
-Batches come from `lockstep_feed` (placed on the devices by its thread, in
-step on every host) and are grouped into loops of about `iterations_per_loop`
-batches. With strategy "scan" a loop runs as on-device programs over stacked
-batches (`lax.map`): on one process the feeder thread stacks them on the host
-and places each block as one array (`feeding.lockstep.Block`, at most
-`MAX_CHUNK_BYTES` each, as training's chunks); on several, a loop's batches
-are stacked inside the program. With "step" each batch is its own queued
-program. A padded final batch always runs alone (its own program). Outputs
-are copied to the host asynchronously (`Engine.submit`) as soon as a
-program is dispatched, and the host reads loop L only after loop L+1 is
-queued (the policy's `ahead = 1`, estimator/engine.py): the devices compute
-while the host merges metrics or hands predictions out.
+Batches come from the one feeder (feeding/feeder.py, on its thread, as
+train()'s) in loops of about `iterations_per_loop` batches, then through the
+hosts' agreement (feeding/lockstep.py `in_lockstep`, on the host loop's
+thread). With strategy "scan" a loop runs as on-device programs over chunks
+of k full batches (`lax.map`), k chunks of at most MAX_CHUNK_BYTES: on one
+process the feeder stacks each chunk on the host and places it as one array;
+on several, a chunk is a list of placed batches stacked inside the program
+(when every host's batches are full), so an uneven end runs batch by batch.
+With "step" each batch is its own queued program. A padded batch always runs
+alone (its own program).
 
-Batches left at the end (fewer than a block, or a padded one) run batch by
-batch, so each call compiles at most one loop length. Hooks see
+A loop's chunks are dispatched as they arrive (the engine bounds the input
+bytes queued on the devices: estimator/inflight.py), their outputs copied to
+the host asynchronously (`Engine.submit`); the host reads loop L once loop
+L+1 is queued (the policy's `ahead = 1`, estimator/engine.py): the devices
+compute while the host merges metrics or hands predictions out. Hooks see
 one `before_run`/`after_run` per loop, as in train(); when one asks to stop,
 the loop already queued behind it is dropped unread: results cover exactly
 the loops up to the stop.
@@ -22,36 +23,96 @@ the loops up to the stop.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Callable, Iterator, Union
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
 
 from tpu_estimator.api.session_run_hook import RunContext
-from tpu_estimator.estimator.engine import Done, Engine
-from tpu_estimator.feeding.device import Placer, batch_specs, chunk_steps, stack
-from tpu_estimator.feeding.host_batches import HostBatch
-from tpu_estimator.feeding.lockstep import Block, Blocking
 from tpu_estimator.api.tpu_config import IterationsPerLoop
+from tpu_estimator.estimator.engine import Done, Engine
+from tpu_estimator.feeding import feeder
+from tpu_estimator.feeding.device import Placer, batch_specs, stack
+from tpu_estimator.feeding.host_batches import HostBatch
+from tpu_estimator.feeding.lockstep import Agreed, empty_like, in_lockstep
 from tpu_estimator.parallel.mesh import Topology
 
 # Loop length when iterations_per_loop is a duration (inference has no step count to time).
 TIMED_LOOP_BATCHES = 16
 
 
+def loop_size(ipl: IterationsPerLoop) -> int:
+    """Batches per loop for `iterations_per_loop`."""
+    return ipl.value if ipl.unit == "count" else TIMED_LOOP_BATCHES
+
+
+class InferencePlan:
+    """evaluate()'s and predict()'s feed plan (feeding/feeder.py `Plan`): loops of `size`
+    batches (rounded up to whole chunks: one compiled loop length), chunks of `k` full
+    batches stacked on one process; `select` takes a batch's input (features and labels, or
+    features), whose batch axes are `axes`."""
+
+    full_only = True
+
+    def __init__(self, strategy: str, size: int, first: HostBatch, select: Callable[[HostBatch], Any],
+                 topology: Topology, axes: Any) -> None:
+        per_batch = feeder.nbytes(select(first))
+        self.k = feeder.chunk_len(size, per_batch) if strategy == "scan" and size > 1 else 1
+        self.scan = self.k > 1
+        self.size = -(-size // self.k) * self.k
+        self.select = select
+        self._one = Placer(batch_specs(axes), topology)
+        self._stacked = Placer(batch_specs(axes, leading=1), topology)
+
+    def next_loop(self) -> tuple[int, bool, bool]:
+        return self.size, self.scan, self.scan and jax.process_count() == 1
+
+    def chunk_len(self, size: int, per_batch: int) -> int:
+        return self.k
+
+    def place(self, group: list[HostBatch], stacked: bool) -> Any:
+        if stacked:
+            return self._stacked(stack([self.select(b) for b in group]))
+        return self._one.many([self.select(b) for b in group])
+
+    def extra(self, group: list[HostBatch]) -> None:
+        return None
+
+    def empty(self, first: HostBatch) -> Callable[[], Any]:
+        """An all-padding batch like `first`, placed once when a host first needs it."""
+        placed: list[Any] = []
+
+        def get() -> Any:
+            if not placed:
+                placed.append(self._one(self.select(empty_like(first))))
+            return placed[0]
+
+        return get
+
+
+@contextlib.contextmanager
+def feed(batches: Iterator[HostBatch], first: HostBatch, plan: InferencePlan) -> Iterator[Iterator[Iterator[Agreed]]]:
+    """The loops of an evaluation or prediction: each an iterator of agreed chunks, placed
+    on the feeder thread (leaving the block stops it)."""
+    with feeder.open_feed(batches, plan) as chunks:
+        width = max(plan.size, feeder.STEP_CHUNK)
+        yield feeder.loops(in_lockstep(chunks, plan.empty(first), width=width, size=first.size))
+
+
 @dataclasses.dataclass
 class Step:
-    """One batch: this host's rows, the placed global batch, every host's real row count."""
+    """One batch as the host reads its outputs: every host's real row count, rows per host."""
 
-    host: HostBatch
-    device: Any
     counts: np.ndarray
+    size: int
+    num_real: int  # this host's
 
     @property
     def padded(self) -> bool:
         """Some host's rows are padding: the batch runs by itself, its padding dropped."""
-        return bool((self.counts < self.host.size).any())
+        return bool((self.counts < self.size).any())
 
 
 @dataclasses.dataclass
@@ -83,90 +144,53 @@ class Dispatched:
         return sum(len(p.steps) for p in self.programs)
 
 
-Unit = Union[Step, Block]
-
-
-def loop_size(ipl: IterationsPerLoop) -> int:
-    """Batches per loop for `iterations_per_loop`."""
-    return ipl.value if ipl.unit == "count" else TIMED_LOOP_BATCHES
-
-
-def blocking(
-    strategy: str, size: int, first: HostBatch, select: Callable[[HostBatch], Any], topology: Topology, axes: Any
-) -> Blocking | None:
-    """How the feeder stacks a "scan" loop's batches: blocks of at most MAX_CHUNK_BYTES of
-    what `select` takes of each batch (`axes`: its batch axes). None for "step"."""
-    if strategy != "scan" or size <= 1:
-        return None
-    per_batch = sum(np.asarray(x).nbytes for x in jax.tree.leaves(select(first)))
-    k = chunk_steps(size, per_batch)
-    if k <= 1:
-        return None
-    place = Placer(batch_specs(axes, leading=1), topology)
-    return Blocking(k, lambda hosts: place(stack([select(h) for h in hosts])))
-
-
-def loops(feed: Iterator[Any], size: int) -> Iterator[list[Unit]]:
-    """`lockstep_feed`'s steps and blocks in loops of at least `size` batches (the last
-    may be shorter; a block is never split)."""
-    loop: list[Unit] = []
-    count = 0
-    for item in feed:
-        if isinstance(item, Block):
-            loop.append(item)
-            count += len(item.hosts)
-        else:
-            loop.append(Step(*item))
-            count += 1
-        if count >= size:
-            yield loop
-            loop, count = [], 0
-    if loop:
-        yield loop
-
-
 class InferencePolicy:
     """evaluate()'s and predict()'s shared half of their engine policy (estimator/engine.py):
-    one loop queued ahead, a loop's programs dispatched, PreemptedError at a notice.
-    A subclass reads a loop (`read`), counting the batches it read in `self.batches`.
+    one loop queued ahead, a loop's chunks dispatched as they arrive, PreemptedError at a
+    notice. A subclass reads a loop (`read`), counting the batches it read in `self.batches`.
 
     `programs` names the programs: "single" (one batch), "loop" (k stacked
     batches) and "padded" (a padded batch); `args` are the leading arguments
-    every program takes (variables, step, rng).
+    every program takes (variables, step, rng); `k`: the batches of a full "scan" chunk.
     """
 
     ahead = 1
     call = "inference"  # "evaluate()" / "predict()" in messages
 
     def __init__(self, engine: Engine, program: Callable[[str], Callable[..., Any]], programs: dict[str, str],
-                 args: tuple[Any, ...], *, strategy: str, size: int, global_step: int) -> None:
+                 args: tuple[Any, ...], *, k: int, global_step: int) -> None:
         self.engine = engine
         self._program, self._names, self._args = program, programs, args
-        self._scan = strategy == "scan" and size > 1
-        self._size = size
+        self._k = k
         self.global_step = global_step
         self.batches = 0
 
     def begin(self) -> None:
         """Nothing between the hooks' begin and after_create_session."""
 
-    def dispatch(self, loop: list[Unit]) -> Dispatched:
-        """Queues `loop`'s programs; their outputs start moving to the host."""
-        steps = [u for u in loop if isinstance(u, Step)]
-        if self._scan and len(steps) == len(loop) == self._size and not any(s.padded for s in steps):
-            # several processes: the batches of a full loop, stacked inside one program
-            return Dispatched([Program(steps, self._run("loop", [s.device for s in steps]), True)])
-        programs = []
-        for u in loop:
-            if isinstance(u, Block):
-                block_steps = [Step(h, None, np.array([h.num_real])) for h in u.hosts]
-                programs.append(Program(block_steps, self._run("loop", u.device), True))
-            else:
-                programs.append(Program([u], self._run("padded" if u.padded else "single", u.device), False))
+    def dispatch(self, loop: Iterator[Agreed]) -> Dispatched:
+        """Queues `loop`'s programs chunk by chunk as the feeder hands them over; their outputs
+        start moving to the host. Nothing of a chunk's device input is kept here."""
+        programs: list[Program] = []
+        for chunk in loop:
+            programs.extend(self._queue(chunk))
         return Dispatched(programs)
 
+    def _queue(self, chunk: Agreed) -> list[Program]:
+        """One chunk's programs, queued. They hold the chunk's input; nothing else does once
+        this returns."""
+        data, chunk.data = chunk.data, None
+        steps = [Step(c, chunk.size, int(c[jax.process_index()])) for c in chunk.counts]
+        whole = self._k > 1 and len(steps) == self._k and not any(s.padded for s in steps)
+        if chunk.stacked or whole:  # several processes: stacked inside the program
+            return [Program(steps, self._run("loop", data), True)]
+        return [
+            Program([step], self._run("padded" if step.padded else "single", batch), False)
+            for step, batch in zip(steps, data)
+        ]
+
     def _run(self, kind: str, data: Any) -> Any:
-        return self.engine.submit(self._program(self._names[kind])(*self._args, data))
+        return self.engine.submit(self._program(self._names[kind])(*self._args, data), holds=data)
 
     def fetch(self, done: Dispatched) -> list[Program]:
         """The loop's programs with their outputs on the host (waits for them)."""

@@ -15,6 +15,7 @@ handed out (estimator/preemption.py).
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import jax
@@ -24,8 +25,6 @@ from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.estimator import hook_runner, inference, liveness, preemption, progress
 from tpu_estimator.estimator.engine import Done, Engine
-from tpu_estimator.feeding.device import Placer, batch_specs
-from tpu_estimator.feeding.lockstep import lockstep_feed
 from tpu_estimator.parallel.distributed import lost_host_timeout_s
 
 if TYPE_CHECKING:
@@ -69,23 +68,21 @@ def _predictions(core, input_fn, predict_keys, hooks, checkpoint_path, single) -
     state = core.state_for(runtime, first, batches.axes, ref, train=False)
     all_hooks = [*hooks, *runtime.spec.hooks, *progress.hooks_for("predict", None)]
     topo = core.topology
-    place = Placer(batch_specs(batches.axes[0]), topo)
     global_step = int(jax.device_get(state.step))
-    strategy = core.loop_strategy.inference
     size = inference.loop_size(core.config.tpu_config.iterations_per_loop_parsed)
-    blocks = inference.blocking(strategy, size, first, lambda b: b.features, topo, batches.axes[0])
+    plan = inference.InferencePlan(core.loop_strategy.inference, size, first, lambda b: b.features, topo,
+                                   batches.axes[0])
     # several hosts: the outputs are gathered; this host keeps its rows, in its order
     rows_from = topo.host_id if runtime.placement.outputs == "gather" else None
     with preemption.Watch(redeliver=True) as watch, \
-            lockstep_feed(first, batches, lambda b: place(b.features), blocking=blocks) as feed:
+            inference.feed(itertools.chain([first], batches), first, plan) as loops:
         engine = Engine(core, all_hooks, watch)
         policy = _Prediction(
             predict_keys, rows_from, engine, runtime.program,
             {"single": "predict", "loop": "predict_scan", "padded": "predict"},
-            (runtime.program_variables(state), state.step, state.rng), strategy=strategy, size=size,
-            global_step=global_step,
+            (runtime.program_variables(state), state.step, state.rng), k=plan.k, global_step=global_step,
         )
-        for done, _ in engine.run(inference.loops(feed, size), policy):
+        for done, _ in engine.run(loops, policy):
             for preds in done.result:  # the devices run the next loop meanwhile
                 if single:
                     yield from _examples(preds)
@@ -108,11 +105,10 @@ class _Prediction(inference.InferencePolicy):
         for fetched in self.fetch(queued):
             for step, out in fetched.per_step():
                 preds = _select(out, self.keys)
-                host = step.host
                 if self.rows_from is not None:
-                    start = self.rows_from * host.size
-                    preds = jax.tree.map(lambda x: np.asarray(x)[start : start + host.size], preds)
-                outputs.append(jax.tree.map(lambda x: np.asarray(x)[: host.num_real], preds))
+                    start = self.rows_from * step.size
+                    preds = jax.tree.map(lambda x: np.asarray(x)[start : start + step.size], preds)
+                outputs.append(jax.tree.map(lambda x: np.asarray(x)[: step.num_real], preds))
         self.batches += len(outputs)
         return Done({"global_step": self.global_step, "batches": self.batches}, self.global_step, outputs)
 

@@ -1,6 +1,7 @@
 """The host side of `train()`: feeds loops, runs hooks, host calls, logs and checkpoints.
 
-The feeder (train_feed.py, on a Prefetch thread) groups batches into loops; the loop
+The one feeder (feeding/feeder.py, on its thread; train_feed.py is train()'s plan)
+groups batches into loops; the loop
 engine (estimator/engine.py) runs them with the hooks, the in-flight bound, the
 output fetching and the preemption check; `_Training` is train()'s policy on it
 (dispatch a loop's chunks, read it: NaN check, host calls, summaries; then log
@@ -33,10 +34,10 @@ from tpu_estimator.estimator import hook_runner, liveness, preemption, progress,
 from tpu_estimator.estimator.engine import Done, Engine
 from tpu_estimator.estimator.runtime import Runtime
 from tpu_estimator.estimator.schedule import LoopSchedule
-from tpu_estimator.estimator.train_feed import Chunk
+from tpu_estimator.feeding import feeder
 from tpu_estimator.feeding.device import batch_specs
+from tpu_estimator.feeding.feeder import Chunk
 from tpu_estimator.feeding.input_state import get_input_state
-from tpu_estimator.feeding.prefetch import Prefetch
 from tpu_estimator.hooks.cadence import Cadence
 from tpu_estimator.hooks.listener import check_listeners, save_with_listeners
 from tpu_estimator.hooks.nan_tensor import handles_non_finite_loss
@@ -161,17 +162,12 @@ def _train(
     if jax.process_index() == 0:
         all_hooks.extend(spec.chief_hooks)
     all_hooks.extend(progress.hooks_for("train", None if last is None else last - start, start))
-    feed = Prefetch(
-        train_feed.chunks(
-            itertools.chain([first], batches), schedule, specs, runtime, core.loop_strategy, iterator,
-            start_step=int(jax.device_get(state.step)),
-        )
+    plan = train_feed.TrainPlan(
+        schedule, specs, runtime, core.loop_strategy, iterator, start_step=int(jax.device_get(state.step))
     )
     loop = _Training(core, runtime, Engine(core, all_hooks, watch), listeners, schedule)
-    try:
+    with feeder.open_feed(itertools.chain([first], batches), plan) as feed:
         return loop.run(state, feed, initial_input_state, saved=restore is not None)
-    finally:
-        feed.close()
 
 
 @dataclasses.dataclass
@@ -235,7 +231,7 @@ class _Training:
         self.restored = saved
         diverged = False
         try:
-            for done, ctx in self.engine.run(train_feed.loops(feed), self):
+            for done, ctx in self.engine.run(feeder.loops(feed), self):
                 result: LoopResult = done.result
                 if not result.finite:  # a NanTensorHook(fail_on_nan_loss=False) warned
                     diverged = True  # keep the last good checkpoint
@@ -282,22 +278,28 @@ class _Training:
         moving to the host while the device runs the later ones."""
         state, input_state = self.state, self.input_state
         queued = _Queued(state, self.step, [], 0, input_state, time.monotonic())
-        submit = self.engine.submit
         for chunk in loop:
-            data = chunk.data
-            if isinstance(data, list):  # one program per step
-                for batch, next_step in zip(data, chunk.next_steps):
-                    state, out = self.runtime.program("step")(state, batch)
-                    state = state.replace(step=next_step)
-                    queued.outs.append((True, submit(out)))
-                    queued.steps += 1
-            else:
-                state, out = self.runtime.program("scan")(state, data)
-                queued.outs.append((False, submit(out)))
-                queued.steps += chunk.steps
-            input_state = chunk.input_state
+            state = self._queue(chunk, state, queued)
+            input_state = chunk.extra.input_state
         queued.state, queued.input_state = state, input_state
         return queued
+
+    def _queue(self, chunk: Chunk, state: Any, queued: _Queued) -> Any:
+        """Dispatches one chunk's programs after `state`; returns the state after them. The
+        queued programs hold the chunk's input; nothing else does once this returns."""
+        data, chunk.data = chunk.data, None
+        submit = self.engine.submit
+        if chunk.stacked:
+            state, out = self.runtime.program("scan")(state, data)
+            queued.outs.append((False, submit(out, holds=data)))
+            queued.steps += chunk.steps
+            return state
+        for batch, next_step in zip(data, chunk.extra.next_steps):  # one program per step
+            state, out = self.runtime.program("step")(state, batch)
+            state = state.replace(step=next_step)
+            queued.outs.append((True, submit(out, holds=batch)))
+            queued.steps += 1
+        return state
 
     def read(self, queued: _Queued) -> Done:
         """The loop's outputs on the host; NaN check, host calls and summaries before hooks."""
@@ -343,11 +345,7 @@ class _Training:
         every = self.core.config.tpu_config.experimental_host_call_every_n_steps
         k = len(jax.tree.leaves(outputs)[0]) if jax.tree.leaves(outputs) else 0
         for i in range(0, k, every):
-            args = jax.tree.map(lambda x: x[i], outputs)
-            if isinstance(args, dict):
-                fn(**args)
-            else:
-                fn(*args)
+            self.engine.call_host(fn, jax.tree.map(lambda x: x[i], outputs))
 
     def log(self, result: LoopResult) -> None:
         """Every `log_step_count_steps`: the loss and the rates, in the log and as summaries."""

@@ -1,116 +1,69 @@
-"""Keeping the hosts' evaluation/prediction batches in step.
+"""Keeping the hosts' evaluation/prediction chunks in step (inference's part of the feeder).
 
 Every program with collectives must run on every host the same number of
-times. On several hosts each step first gathers how many real examples each
-host has (`process_allgather`, a host-side collective); a host whose input
-ended feeds an all-padding batch until every host's has. On one process
-there is nothing to agree on, and the feeder may stack full batches into
-`Block`s placed as one array (the input of an on-device loop).
+times. On several hosts each chunk first gathers how many real examples each
+host has in each of its batches (`process_allgather`, a host-side collective,
+on the host loop's thread: every process issues it in the same order); a host
+whose input ended, or whose chunk is shorter, feeds all-padding batches until
+every host's input has ended. There the feeder's chunks are lists of placed
+batches (feeding/feeder.py), so any of them can run alone. On one process
+there is nothing to agree on: the counts are the host's own.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import itertools
-from typing import Any, Callable, Iterable, Iterator, Union
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
 
+from tpu_estimator.feeding.feeder import Chunk
 from tpu_estimator.feeding.host_batches import HostBatch
-from tpu_estimator.feeding.prefetch import Prefetch
-
-Step = tuple[HostBatch, Any, np.ndarray]
 
 
 @dataclasses.dataclass
-class Block:
-    """Full batches of one process stacked on a new leading axis and placed as one array."""
+class Agreed:
+    """A chunk every host runs: its device input, and every host's real rows per batch."""
 
-    hosts: list[HostBatch]
-    device: Any
+    data: Any  # as `Chunk.data`; on several processes a list with every agreed batch
+    counts: list[np.ndarray]  # per batch: real rows of each host, in host order
+    size: int  # rows per batch on each host
+    stacked: bool
+    end_of_loop: bool
 
-
-@dataclasses.dataclass(frozen=True)
-class Blocking:
-    """How the feeder stacks: `size` full batches per block, placed by `place` (a list of
-    host batches -> the stacked device array)."""
-
-    size: int
-    place: Callable[[list[HostBatch]], Any]
+    @property
+    def steps(self) -> int:
+        return len(self.counts)
 
 
-@contextlib.contextmanager
-def lockstep_feed(
-    first: HostBatch,
-    rest: Iterable[HostBatch],
-    place: Callable[[HostBatch], Any],
-    *,
-    steps: int | None = None,
-    blocking: Blocking | None = None,
-) -> Iterator[Iterator[Union[Step, Block]]]:
-    """The steps of an evaluation or prediction: prefetched, placed by `place`, in lockstep.
-
-    Yields an iterator of (host batch, device batch, every host's real count);
-    leaving the block stops the prefetch thread. With `blocking` on one process,
-    each run of `blocking.size` full batches comes as one `Block` instead (made on the
-    feeder thread); batches left over at the end (fewer, or padded) come one by one.
-    """
-    batches = itertools.islice(itertools.chain([first], rest), steps)
-    if blocking is not None and jax.process_count() == 1:
-        source: Iterator[Any] = _blocks(batches, place, blocking)
-    else:
-        source = ((batch, place(batch)) for batch in batches)
-
-    def empty() -> tuple[HostBatch, Any]:
-        pad = empty_like(first)
-        return pad, place(pad)
-
-    feed = Prefetch(source)
-    try:
-        yield in_lockstep(feed, empty)
-    finally:
-        feed.close()
-
-
-def _blocks(
-    batches: Iterator[HostBatch], place: Callable[[HostBatch], Any], blocking: Blocking
-) -> Iterator[Union[Block, tuple[HostBatch, Any]]]:
-    """Blocks of `blocking.size` full batches, then what is left one by one (runs on the
-    feeder thread: stacking and placing overlap the devices' work)."""
-    while True:
-        group = list(itertools.islice(batches, blocking.size))
-        if len(group) == blocking.size and all(b.num_real == b.size for b in group):
-            yield Block(group, blocking.place(group))
-            continue
-        for batch in group:
-            yield batch, place(batch)
-        return
-
-
-def in_lockstep(
-    pairs: Iterator[Any], empty: Callable[[], tuple[HostBatch, Any]]
-) -> Iterator[Union[Step, Block]]:
-    """Yields (host batch, device batch, real examples of every host, in host order), or a
-    `Block` as it comes (one process only)."""
+def in_lockstep(chunks: Iterator[Chunk], empty: Callable[[], Any], *, width: int, size: int) -> Iterator[Agreed]:
+    """The feeder's chunks as every host runs them. `empty()` is an all-padding batch placed;
+    `width`: the most batches in one chunk; `size`: rows per batch (both the same on every host)."""
     if jax.process_count() == 1:
-        for item in pairs:
-            if isinstance(item, Block):
-                yield item
-            else:
-                host, device = item
-                yield host, device, np.array([host.num_real])
+        for chunk in chunks:
+            counts = [np.array([real]) for real, _ in chunk.rows]
+            yield Agreed(chunk.data, counts, size, chunk.stacked, chunk.end_of_loop)
         return
     from jax.experimental import multihost_utils
 
     while True:
-        item = next(pairs, None)
-        mine = -1 if item is None else item[0].num_real
-        counts = np.asarray(multihost_utils.process_allgather(np.array(mine))).reshape(-1)
-        if (counts < 0).all():
+        chunk = next(chunks, None)
+        mine = np.full(width + 1, -1, np.int64)
+        if chunk is not None:
+            mine[: chunk.steps] = [real for real, _ in chunk.rows]
+            mine[width] = int(chunk.end_of_loop)
+        every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, width + 1)
+        counts = every[:, :width]
+        steps = int((counts >= 0).any(axis=0).sum())
+        if steps == 0:
             return
-        yield (*(item if item is not None else empty()), np.maximum(counts, 0))
+        longest = int(np.argmax((counts >= 0).sum(axis=1)))
+        data = list(chunk.data) if chunk is not None else []
+        data += [empty() for _ in range(steps - len(data))]
+        yield Agreed(
+            data, [np.maximum(counts[:, i], 0) for i in range(steps)], size, False, bool(every[longest, width]),
+        )
 
 
 def real_rows(counts: np.ndarray, size: int) -> np.ndarray:
