@@ -136,3 +136,35 @@ def test_per_replica_step_with_mixed_plans_trains_like_1_device():
         np.testing.assert_allclose(tables8[name], tables1[name], rtol=1e-5, atol=1e-6, err_msg=name)
     assert {s.data.shape for s in emb8.tables["users"].addressable_shards} == {(50, replica_step.DIM)}
     assert {s.data.shape for s in emb8.tables["items"].addressable_shards} == {(203, replica_step.DIM // 8)}
+
+
+def test_checkpoint_records_the_plans_and_restores_onto_other_plans_and_device_counts(tmp_path):
+    """8 devices (users replicated by the planner, items by columns) -> 4 replicas of 2 cores,
+    every table by rows -> trains as 1 device all along; the saved layout names each plan."""
+    from tests.embedding import test_estimator as e
+    from tpu_estimator.checkpoint.manager import Checkpointer
+
+    row = e.make_spec(sharding="row")
+    mixed = EmbeddingConfigSpec(
+        feature_to_config_dict=row.feature_to_config_dict,
+        table_to_config_dict={"users": TableConfig(50, e.DIM, combiner="sum"),
+                              "items": TableConfig(203, e.DIM, sharding="column")},
+        optimization_parameters=row.optimization_parameters,
+    )
+    moved = tmp_path / "moved"
+    e.estimator(moved, True, mixed).train(e.train_input(e.BATCHES[:3]), max_steps=3)
+    saved = Checkpointer(str(moved), read_only=True)
+    layout = saved.restore_raw(3)["extras"]["embedding"]["layout"]
+    saved.close()
+    assert {t: np.asarray(c).tolist() for t, c in layout.items()} == {"users": [50, 1, 0, 1], "items": [203, 1, 0, 2]}
+    config = te.RunConfig(model_dir=str(moved), tpu_config=te.TPUConfig(iterations_per_loop=3, num_cores_per_replica=2))
+    last = te.TPUEstimator(e.model_fn, config=config, use_tpu=True, train_batch_size=e.B, eval_batch_size=e.B,
+                           embedding_config_spec=row)
+    last.train(e.train_input(e.BATCHES[3:5]), max_steps=5)
+    one = e.estimator(tmp_path / "one", False, row)
+    for lo, hi in ((0, 3), (3, 5)):
+        one.train(e.train_input(e.BATCHES[lo:hi]), max_steps=hi)
+    for name in ("embedding/users", "embedding/items", "embedding/items/accumulator", "Dense_0/kernel"):
+        np.testing.assert_allclose(
+            last.get_variable_value(name), one.get_variable_value(name), rtol=2e-5, atol=1e-6, err_msg=name
+        )
