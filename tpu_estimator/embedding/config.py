@@ -203,7 +203,9 @@ _FEATURE_COLUMNS_FIX = (
 class EmbeddingConfigSpec:
     """The embedding tables of a model, passed as `TPUEstimator(embedding_config_spec=...)`.
 
-    Each table is sharded by rows over every device; model_fn receives each
+    Each table is placed by its plan (`TableConfig(sharding=...)`, or the
+    planner's: small tables replicated, others sharded by rows over every
+    device; embedding/plan.py); model_fn receives each
     feature's looked-up, combined activations in `features[name]`; the tables
     are trained by `optimization_parameters`, not by `train_op`.
 

@@ -43,6 +43,15 @@ than the batch, e.g. a ("data", "model") mesh)
        (embedding/updates.py) and scatters them back: untouched rows are not
        read or written (lazy; non-lazy Adam updates the whole shard).
 
+Tables whose plan (embedding/plan.py) is not "row" hold every row on each device
+(one-shard layouts): "replicated" ones run the all-gather code on this replica's
+examples alone (no collective forward); the backward adds the replica's id
+gradients into a dense [V, dim] gradient, all-reduced with the rows touched, and
+every device applies the same lazy update (as data parallelism with dense table
+gradients; bytes flat in N); "column" ones gather
+the global batch, combine this device's columns and `all_to_all` the [B, dim/N]
+partials into each replica's [b, dim] (the gradients travel back the same way).
+
 On one device (`Collectives()` with no axes) the all-gather code runs without
 collectives and with one shard.
 """
@@ -358,9 +367,31 @@ def apply_local(
 
             new_tables[table], new_slots[table] = lax.cond(route.rounds <= 1, once, rounds, local, local_slots)
             continue
+        if coll.batch_axis is not None and table_plans(spec, coll.num_shards)[table] == "replicated":
+            dense, touched = _replicated_gradients(spec, coll, table, ids, weights, activation_grads, grad_scale)
+            new_tables[table], new_slots[table] = rule.dense(local, local_slots, dense, touched)
+            continue
         unique, grads = row_gradients_local(spec, coll, table, ids, weights, activation_grads, grad_scale)
         new_tables[table], new_slots[table] = rule.rows(local, local_slots, unique, grads)
     return new_tables, new_slots
+
+
+def _replicated_gradients(
+    spec: EmbeddingConfigSpec, coll: Collectives, table: str, ids: dict[str, Any], weights: dict[str, Any],
+    activation_grads: dict[str, Any], grad_scale: float,
+) -> tuple[Any, Any]:
+    """(the dense [V, dim] gradient of a replicated table summed over the replicas, the rows
+    any replica looked up): this replica's id gradients added into a dense table, then one
+    all-reduce (bytes flat in the device count: the table's size, whatever the batch)."""
+    features = spec.features_of(table)
+    vocabulary, dim = spec.tables[table].vocabulary_size, spec.tables[table].dimension
+    per_id = jnp.concatenate([_id_gradients(spec, f, ids, weights, activation_grads, grad_scale) for f in features])
+    flat = jnp.concatenate([ids[f].reshape(-1) for f in features])
+    rows = jnp.where(flat >= 0, flat, vocabulary)  # padding: out of range, dropped
+    dense = jnp.zeros((vocabulary, dim), jnp.float32).at[rows].add(per_id, mode="drop")
+    count = jnp.zeros((vocabulary,), jnp.float32).at[rows].add(1.0, mode="drop")
+    dense, count = lax.psum((dense, count), coll.batch_axis)
+    return dense, count > 0
 
 
 def _id_gradients(

@@ -6,17 +6,18 @@
   every row; `dimension` must be a multiple of N): ids all-gathered, each device combines
   its columns for the global batch, one `all_to_all` gives each replica its rows;
 - "replicated": the whole table (and slots) on every device: lookups are local `jnp.take`s
-  (no collective); the backward all-gathers the global batch's ids and activation
-  gradients and every device applies the same lazy update.
+  (no collective); the backward all-reduces a dense [V, dim] gradient (and the rows
+  touched) and every device applies the same lazy update.
 
 `TableConfig(sharding=...)` picks one; None (the default) lets `choose` decide: with more
-than one device, a table of at most `REPLICATE_MAX_BYTES` (rows x dimension x 4 bytes)
-is replicated, others are row-sharded. The rule is measured, not argued:
-`benchmarks/embedding.py --quick` (tables of 100 to 10,000 rows) is slower row-sharded
-than replicated `jnp.take` (0.41x) and replication removes the lookup's collectives; it
-costs the table's bytes on every device, hence the bound. Column-wise is never chosen
-automatically (on XLA:CPU it moved more bytes than row-wise routing); use it for wide
-tables whose rows are hot.
+than one device, a table of at most `REPLICATE_MAX_BYTES` (rows x dimension x 4 bytes:
+256 KiB) is replicated, others are row-sharded. The bound is measured, not argued
+(`benchmarks/embedding_plans.py`, one table's training step on 8 CPU devices, a global
+batch of 1,024 with 4 ids per example): replicated tables were faster up to 2,000 x 32
+(256 KB), row-sharded ones from 5,000 x 32 (640 KB) on: the fixed cost of the row
+scheme's collectives against the dense gradient's all-reduce and update, which grow
+with the table. Column-wise is never chosen automatically (nothing measured here shows
+it faster); use it for wide tables.
 
 With one device every plan is the same (the whole table there): all resolve to "row".
 A checkpoint records each table's plan (`PLAN_CODES` in its saved layout) and restores
@@ -33,7 +34,7 @@ from tpu_estimator.embedding.config import EmbeddingConfigSpec, TableConfig
 
 Plan = Literal["row", "column", "replicated"]
 PLAN_CODES = ("row", "replicated", "column")  # the plan codes of a saved layout
-REPLICATE_MAX_BYTES = 2 << 20  # float32 table values replicated at most (per table)
+REPLICATE_MAX_BYTES = 256 << 10  # float32 table bytes replicated at most (benchmarks/embedding_plans.py)
 
 log = logging.getLogger("tpu_estimator.embedding")
 

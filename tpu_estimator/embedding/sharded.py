@@ -1,8 +1,9 @@
 """The tables as global arrays sharded by rows over a mesh, and jit-able ops on them.
 
 `EmbeddingState` holds every table and optimizer slot in storage order
-(embedding/layout.py), each sharded `PartitionSpec(table_axes)` on rows, so a
-device holds 1/N of each. `lookup` and `apply_gradients` take global arrays
+(embedding/layout.py), each placed by its table's plan (embedding/plan.py):
+`PartitionSpec(table_axes)` on rows ("row": a device holds 1/N of each), on columns
+("column") or replicated. `lookup` and `apply_gradients` take global arrays
 (ids split over `batch_axis`) and run the per-device maths of
 embedding/lookup.py under `jax.shard_map` over the mesh; on a one-device mesh
 they run it directly.
