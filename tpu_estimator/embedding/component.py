@@ -50,7 +50,8 @@ NAME = "embedding"  # the key in TrainState.extras, and the prefix of the variab
 @dataclasses.dataclass(frozen=True)
 class EmbeddingTables:
     """An `EmbeddingConfigSpec` on a topology: the per-replica collectives and the placement
-    of the tables (rows over "data": each replica's devices hold 1/R of every table)."""
+    of the tables over "data", by each table's plan (embedding/plan.py: rows, each replica's
+    devices holding 1/R of the table; columns; or replicated)."""
 
     spec: EmbeddingConfigSpec
     collectives: Collectives

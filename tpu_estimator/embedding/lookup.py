@@ -48,9 +48,9 @@ Tables whose plan (embedding/plan.py) is not "row" hold every row on each device
 examples alone (no collective forward); the backward adds the replica's id
 gradients into a dense [V, dim] gradient, all-reduced with the rows touched, and
 every device applies the same lazy update (as data parallelism with dense table
-gradients; bytes flat in N); "column" ones gather
-the global batch, combine this device's columns and `all_to_all` the [B, dim/N]
-partials into each replica's [b, dim] (the gradients travel back the same way).
+gradients; bytes flat in N); "column" ones gather the global batch, combine this
+device's columns and `all_to_all` the [B, dim/N] partials into each replica's
+[b, dim] (the gradients travel back the same way).
 
 On one device (`Collectives()` with no axes) the all-gather code runs without
 collectives and with one shard.
