@@ -1,9 +1,9 @@
 """Sharding plans (embedding/plan.py): row-wise, column-wise and replicated tables.
 
 The planner's rule and overrides, their checks and the one log line per table; each plan
-on 8 devices gives 1 device's lookups and optimizer steps (global-array ops and the
-per-replica step), holds what it says on each device; through the estimator, a checkpoint
-records the plans and restores onto other plans and another device count.
+on 8 devices gives 1 device's lookups and optimizer steps and holds what it says on each
+device; through the estimator (the per-replica programs), mixed plans train as 1 device,
+and a checkpoint records the plans and restores onto other plans and another device count.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 import tpu_estimator as te
-from tests.embedding import test_replica_step as replica_step
 from tpu_estimator.embedding import AdagradParameters, AdamParameters, EmbeddingConfigSpec, FeatureConfig, TableConfig
 from tpu_estimator.embedding.component import EmbeddingTables
 from tpu_estimator.embedding.plan import REPLICATE_MAX_BYTES, choose, describe
@@ -105,11 +104,12 @@ def test_each_plan_steps_like_1_device(plan, optimizer):
     for n in (1, 8):
         tables = ShardedTables(spec, mesh(n), table_axes=("data",))
         state = tables.init(jax.random.PRNGKey(3))
+        lookup, apply = jax.jit(tables.lookup), jax.jit(tables.apply_gradients)
         acts = []
         for seed in (0, 1):
             ids, weights, grads = make_batch(seed)
-            acts.append(jax.device_get(tables.lookup(state.tables, ids, weights)))
-            state = tables.apply_gradients(state, ids, weights, grads, seed)
+            acts.append(jax.device_get(lookup(state.tables, ids, weights)))
+            state = apply(state, ids, weights, grads, seed)
         results[n] = acts, tables.logical(jax.device_get(state)), state
     for got, want in zip(results[8][0], results[1][0]):
         for f in want:
@@ -125,19 +125,6 @@ def test_each_plan_steps_like_1_device(plan, optimizer):
     assert np.asarray(state8.layout["big"]).tolist() == code
 
 
-def test_per_replica_step_with_mixed_plans_trains_like_1_device():
-    """The estimator's path (shard_map manual over "data"): users replicated, items by columns."""
-    spec = replica_step.make_spec(AdagradParameters(0.5), users=None, items="column")
-    losses1, params1, tables1, _ = replica_step.train(spec, Topology.create(use_tpu=False))
-    losses8, params8, tables8, emb8 = replica_step.train(spec, Topology.create(use_tpu=True))
-    np.testing.assert_allclose(losses8, losses1, rtol=1e-5)
-    np.testing.assert_allclose(params8["w"], params1["w"], rtol=1e-5, atol=1e-6)
-    for name in tables1:
-        np.testing.assert_allclose(tables8[name], tables1[name], rtol=1e-5, atol=1e-6, err_msg=name)
-    assert {s.data.shape for s in emb8.tables["users"].addressable_shards} == {(50, replica_step.DIM)}
-    assert {s.data.shape for s in emb8.tables["items"].addressable_shards} == {(203, replica_step.DIM // 8)}
-
-
 def test_checkpoint_records_the_plans_and_restores_onto_other_plans_and_device_counts(tmp_path):
     """8 devices (users replicated by the planner, items by columns) -> 4 replicas of 2 cores,
     every table by rows -> trains as 1 device all along; the saved layout names each plan."""
@@ -151,8 +138,12 @@ def test_checkpoint_records_the_plans_and_restores_onto_other_plans_and_device_c
                               "items": TableConfig(203, e.DIM, sharding="column")},
         optimization_parameters=row.optimization_parameters,
     )
-    moved = tmp_path / "moved"
-    e.estimator(moved, True, mixed).train(e.train_input(e.BATCHES[:3]), max_steps=3)
+    moved, probe = tmp_path / "moved", e.StateProbe()
+    e.estimator(moved, True, mixed).train(e.train_input(e.BATCHES[:3]), max_steps=3, hooks=[probe])
+    emb = probe.state.extras["embedding"]  # as the per-replica programs left it
+    for name, held in (("users", (50, e.DIM)), ("items", (203, e.DIM // 8))):
+        for array in (emb.tables[name], *emb.slots[name].values()):
+            assert {s.data.shape for s in array.addressable_shards} == {held}, name
     saved = Checkpointer(str(moved), read_only=True)
     layout = saved.restore_raw(3)["extras"]["embedding"]["layout"]
     saved.close()
