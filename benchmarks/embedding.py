@@ -1,6 +1,6 @@
 """Large embeddings: tables sharded over 8 devices (ours) vs replicated tables + `jnp.take`.
 
-    .venv/bin/python benchmarks/embedding.py [--rounds N] [--quick]
+    .venv/bin/python benchmarks/embedding.py [--rounds N] [--quick] [--with-row]
     .venv/bin/python benchmarks/embedding.py --scaling [--rounds N]
 
 `--scaling` prints only a weak-scaling table instead (`weak_scaling`): the
@@ -15,9 +15,12 @@ vocabularies by 10), one feature each with 4, 2, 1 and 3 ids per example
 sigmoid cross-entropy; Adagrad (learning rate 0.1) for every variable.
 
 - ours: `TPUEstimator(embedding_config_spec=...)`, whole `est.train()` calls
-  (after a warm-up call that compiles): each device holds 1/8 of every table
-  and slot; lookups and the lazy Adagrad update of the looked-up rows run in
-  the compiled loop.
+  (after a warm-up call that compiles): each table placed by the planner
+  (embedding/plan.py; the plans are printed): row-sharded tables (each device
+  holds 1/8 of the table and slot) or replicated ones (small tables); lookups
+  and the lazy Adagrad update of the looked-up rows run in the compiled loop.
+  `--with-row` adds "ours (every table 'row')": `TableConfig(sharding="row")`,
+  the placement before the planner, in the same interleaved rounds.
 - reference: the obvious hand-written version: tables are ordinary parameters
   replicated on every device, looked up with `jnp.take` (masked mean),
   `optax.adagrad` on everything, data-parallel with `jax.jit` + NamedSharding
@@ -93,12 +96,16 @@ def loss_of(logits, labels):
 # ---------------------------------------------------------------- ours
 
 
-def estimator(shapes: dict) -> te.TPUEstimator:
-    spec = te.EmbeddingConfigSpec(
+def embedding_spec(shapes: dict, sharding: str | None = None) -> te.EmbeddingConfigSpec:
+    return te.EmbeddingConfigSpec(
         feature_to_config_dict={name: te.FeatureConfig(name) for name in shapes},
-        table_to_config_dict={name: te.TableConfig(v, d) for name, (v, d, _) in shapes.items()},
+        table_to_config_dict={name: te.TableConfig(v, d, sharding=sharding) for name, (v, d, _) in shapes.items()},
         optimization_parameters=te.AdagradParameters(LR),
     )
+
+
+def estimator(shapes: dict, sharding: str | None = None) -> te.TPUEstimator:
+    spec = embedding_spec(shapes, sharding)
 
     def model_fn(features, labels, mode, params):
         logits = Head()(jnp.concatenate([features[name] for name in shapes], axis=1))
@@ -303,7 +310,7 @@ def scaling_program(n: int, form: str):
             grads = jax.grad(lambda a: scaling_loss(a, labels))(acts)
             return update_in_replica(spec, coll, state, ids, {}, grads, step)
 
-        specs = state_specs(state)
+        specs = state_specs(state, tables.plans)
     if n > 1:
         step = jax.shard_map(step, mesh=mesh, in_specs=(specs, data, data, rep), out_specs=specs, check_vma=False)
     program = jax.jit(step, donate_argnums=0)
@@ -367,6 +374,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="vocabularies / 10, 3 rounds")
     parser.add_argument("--scaling", action="store_true", help="only the weak-scaling table (1, 2, 4, 8 devices)")
+    parser.add_argument("--with-row", action="store_true", help="also ours with every table row-sharded")
     args = parser.parse_args(argv)
     if args.scaling:
         weak_scaling(args.rounds)
@@ -376,7 +384,10 @@ def main(argv=None) -> int:
     batches = make_batches(shapes, STEPS)
     t0 = time.perf_counter()
 
+    from tpu_estimator.embedding.plan import describe
+
     est, probe = estimator(shapes), StateProbe()
+    print("\n".join(describe(embedding_spec(shapes), jax.device_count())), flush=True)
     est.train(lambda params: iter(batches), steps=STEPS, hooks=[probe])  # warm-up: compiles
     print(f"warm-up: ours {time.perf_counter() - t0:.0f} s", flush=True)
     emb = probe.state.extras["embedding"]  # (read now: the next call donates these buffers)
@@ -390,27 +401,38 @@ def main(argv=None) -> int:
         est.train(lambda params: iter(batches), steps=STEPS)
         return time.perf_counter() - t
 
-    contenders = {"ours (sharded)": ours, "replicated per-step": lambda: ref.per_step(batches),
+    contenders = {"ours (planner)": ours, "replicated per-step": lambda: ref.per_step(batches),
                   "replicated scan": lambda: ref.scanned(batches)}
+    if args.with_row:
+        row = estimator(shapes, "row")
+        row.train(lambda params: iter(batches), steps=STEPS)  # warm-up: compiles
+
+        def ours_row() -> float:
+            t = time.perf_counter()
+            row.train(lambda params: iter(batches), steps=STEPS)
+            return time.perf_counter() - t
+
+        contenders["ours (every table 'row')"] = ours_row
     seconds = {k: [] for k in contenders}
     names = list(contenders)
     for r in range(rounds):
-        for k in names[r % 3:] + names[: r % 3]:
+        for k in names[r % len(names):] + names[: r % len(names)]:
             seconds[k].append(contenders[k]())
             print(f"  round {r + 1}: {k} {seconds[k][-1] / STEPS * 1e3:.1f} ms/step", flush=True)
 
     print(f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} devices, global batch {BATCH}, "
           f"{STEPS} steps per call, {rounds} interleaved rounds; tables (rows x dim, ids/example): "
           + ", ".join(f"{v:,}x{d} ({w})" for v, d, w in shapes.values()))
-    print(f"{'contender':22} {'ms/step median [min-max]':>28} {'examples/s median':>18}")
+    print(f"{'contender':26} {'ms/step median [min-max]':>24} {'examples/s median':>18}")
     for k, s in seconds.items():
         ms = np.array(s) / STEPS * 1e3
-        print(f"{k:22} {np.median(ms):12.1f} [{ms.min():.1f}-{ms.max():.1f}]".ljust(52)
+        print(f"{k:26} {np.median(ms):8.1f} [{ms.min():.1f}-{ms.max():.1f}]".ljust(52)
               + f"{BATCH * 1e3 / np.median(ms):14,.0f}")
     faster = np.minimum(seconds["replicated per-step"], seconds["replicated scan"])
-    ratio = faster / np.array(seconds["ours (sharded)"])
-    print(f"throughput ours / faster reference, per round: median {np.median(ratio):.2f} "
-          f"[{ratio.min():.2f}-{ratio.max():.2f}] (> 1: ours faster)")
+    for k in [k for k in names if k.startswith("ours")]:
+        ratio = faster / np.array(seconds[k])
+        print(f"throughput {k} / faster reference, per round: median {np.median(ratio):.2f} "
+              f"[{ratio.min():.2f}-{ratio.max():.2f}] (> 1: ours faster)")
 
     ref_bytes = per_device_bytes((ref.state[0]["tables"], ref.state[1][0].sum_of_squares["tables"]))
     logical = sum(v * d * 4 * 2 for v, d, _ in shapes.values())  # tables + one Adagrad slot, float32

@@ -29,7 +29,7 @@ from tpu_estimator.embedding.sharded import ShardedTables
 PER_DEVICE, WIDTH = 32, 4
 SPEC = EmbeddingConfigSpec(
     feature_to_config_dict={"a": FeatureConfig("t"), "b": FeatureConfig("t")},
-    table_to_config_dict={"t": TableConfig(20_000, 16)},
+    table_to_config_dict={"t": TableConfig(20_000, 16, sharding="row")},
     optimization_parameters=AdagradParameters(0.1),
     partition_strategy="mod",
 )

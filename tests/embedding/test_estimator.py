@@ -28,14 +28,17 @@ B, DIM, STEPS = 32, 8, 6
 SEEN: list[dict[str, tuple[int, ...]]] = []
 
 
-def make_spec(optimizer=None, strategy="div"):
+def make_spec(optimizer=None, strategy="div", sharding="row"):
     return EmbeddingConfigSpec(
         feature_to_config_dict={
             "user": FeatureConfig("users"),
             "history": FeatureConfig("items", max_sequence_length=4),
             "clicked": FeatureConfig("items", weight_key="clicked_w"),
         },
-        table_to_config_dict={"users": TableConfig(50, DIM, combiner="sum"), "items": TableConfig(203, DIM)},
+        table_to_config_dict={
+            "users": TableConfig(50, DIM, combiner="sum", sharding=sharding),
+            "items": TableConfig(203, DIM, sharding=sharding),
+        },
         optimization_parameters=optimizer or AdagradParameters(0.5),
         partition_strategy=strategy,
     )

@@ -41,14 +41,17 @@ from tpu_estimator.parallel.mesh import DATA, Topology
 B, DIM = 32, 8
 
 
-def make_spec(optimizer):
+def make_spec(optimizer, users="row", items="row"):
     return EmbeddingConfigSpec(
         feature_to_config_dict={
             "user": FeatureConfig("users"),
             "history": FeatureConfig("items", max_sequence_length=4),
             "clicked": FeatureConfig("items", weight_key="clicked_w"),
         },
-        table_to_config_dict={"users": TableConfig(50, DIM, combiner="sum"), "items": TableConfig(203, DIM)},
+        table_to_config_dict={
+            "users": TableConfig(50, DIM, combiner="sum", sharding=users),
+            "items": TableConfig(203, DIM, sharding=items),
+        },
         optimization_parameters=optimizer,
     )
 
@@ -96,7 +99,7 @@ def train(spec, topology, steps=3):
         emb = update_in_replica(spec, coll, emb, ids, weights, act_grads, step)
         return optax.apply_updates(params, updates), opt_state, emb, replica_mean(loss)
 
-    specs = state_specs(emb)
+    specs = state_specs(emb, tables.plans)
     program = jax.jit(
         over_replicas(
             step,

@@ -32,7 +32,8 @@ def make_spec(optimizer):
             "small": FeatureConfig("small"),
         },
         table_to_config_dict={
-            "big": TableConfig(V, DIM, combiner="mean"), "small": TableConfig(5, DIM, combiner="sum"),
+            "big": TableConfig(V, DIM, combiner="mean", sharding="row"),
+            "small": TableConfig(5, DIM, combiner="sum", sharding="row"),
         },
         optimization_parameters=optimizer,
     )

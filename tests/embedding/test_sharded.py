@@ -53,8 +53,8 @@ def make_spec(combiner="mean", optimizer=None, strategy="div", big=None, small=N
             "small": FeatureConfig("small"),
         },
         table_to_config_dict={
-            "big": TableConfig(V_BIG, DIM, combiner=combiner, **(big or {})),
-            "small": TableConfig(V_SMALL, DIM, combiner="sum", **(small or {})),
+            "big": TableConfig(V_BIG, DIM, combiner=combiner, **{"sharding": "row", **(big or {})}),
+            "small": TableConfig(V_SMALL, DIM, combiner="sum", **{"sharding": "row", **(small or {})}),
         },
         optimization_parameters=optimizer or StochasticGradientDescentParameters(0.5),
         partition_strategy=strategy,

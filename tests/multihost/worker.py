@@ -22,7 +22,7 @@ EMBEDDING = os.environ.get("WORKER_EMBEDDING") == "1"
 IDS = np.random.RandomState(1).randint(-1, 37, (256, 3))
 SPEC = te.EmbeddingConfigSpec(
     feature_to_config_dict={"ids": te.FeatureConfig("ids")},
-    table_to_config_dict={"ids": te.TableConfig(37, 4)},
+    table_to_config_dict={"ids": te.TableConfig(37, 4, sharding="row")},
     optimization_parameters=te.AdagradParameters(0.5),
 ) if EMBEDDING else None
 

@@ -1,4 +1,4 @@
-"""Large embedding tables sharded by rows over every device (`embedding_config_spec`).
+"""Large embedding tables placed over every device (`embedding_config_spec`): by rows, columns or replicated.
 
 The original's `tf.estimator.tpu.experimental.EmbeddingConfigSpec` and
 `tf.tpu.experimental.*` names (the configs and optimizers are also top-level

@@ -31,6 +31,7 @@ from tpu_estimator.embedding.config import EmbeddingConfigSpec
 from tpu_estimator.embedding.inputs import prepare_features
 from tpu_estimator.embedding.layout import saved_layouts
 from tpu_estimator.embedding.lookup import Collectives
+from tpu_estimator.embedding.plan import check_plans, log_plans
 from tpu_estimator.embedding.replica import (
     lookup_in_replica,
     placeholder_activations,
@@ -49,7 +50,8 @@ NAME = "embedding"  # the key in TrainState.extras, and the prefix of the variab
 @dataclasses.dataclass(frozen=True)
 class EmbeddingTables:
     """An `EmbeddingConfigSpec` on a topology: the per-replica collectives and the placement
-    of the tables (rows over "data": each replica's devices hold 1/R of every table)."""
+    of the tables over "data", by each table's plan (embedding/plan.py: rows, each replica's
+    devices holding 1/R of the table; columns; or replicated)."""
 
     spec: EmbeddingConfigSpec
     collectives: Collectives
@@ -58,12 +60,18 @@ class EmbeddingTables:
     setting: str = "TPUEstimator(embedding_config_spec=...)"
 
     @classmethod
-    def create(cls, spec: EmbeddingConfigSpec, topology: Topology) -> "EmbeddingTables":
-        return cls(spec, replica_collectives(topology), replica_tables(spec, topology))
+    def create(cls, spec: EmbeddingConfigSpec, topology: Topology, *, log: bool = True) -> "EmbeddingTables":
+        """The tables on `topology`; their plans are checked and (`log`) logged, one INFO line
+        per table (embedding/plan.py)."""
+        tables = replica_tables(spec, topology)
+        check_plans(spec, tables.num_shards)  # raises where a TableConfig(sharding=...) cannot place its table
+        if log and topology.num_devices > 1:
+            log_plans(spec, tables.num_shards)
+        return cls(spec, replica_collectives(topology), tables)
 
     def on_one_device(self) -> "EmbeddingTables":
         """The tables as an export serves them: whole, looked up on one device."""
-        return EmbeddingTables.create(self.spec, Topology.create(use_tpu=False))
+        return EmbeddingTables.create(self.spec, Topology.create(use_tpu=False), log=False)
 
     # --- state and shardings ---------------------------------------------------------
 
@@ -76,10 +84,10 @@ class EmbeddingTables:
         return self.tables.build(key, with_slots=state.opt_state is not None)
 
     def specs(self, extra: EmbeddingState, state_specs_: Any) -> EmbeddingState:
-        return state_specs(extra)  # rows over "data" (the mesh's and the per-replica programs')
+        return state_specs(extra, self.tables.plans)  # over "data" by plan (the mesh's and the per-replica programs')
 
     def replica_specs(self, extra: EmbeddingState) -> EmbeddingState:
-        return state_specs(extra)
+        return state_specs(extra, self.tables.plans)
 
     def after_step(self, extra: EmbeddingState, state: Any) -> EmbeddingState:
         return extra  # updated in `update`

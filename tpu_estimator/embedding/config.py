@@ -18,6 +18,7 @@ from tpu_estimator.api.keywords import suggest_keywords
 from tpu_estimator.embedding.optimizers import OPTIMIZERS
 
 COMBINERS = ("sum", "mean", "sqrtn")
+SHARDINGS = ("row", "column", "replicated")  # TableConfig(sharding=...); embedding/plan.py
 Initializer = Callable[[Any, tuple[int, ...], Any], Any]
 
 
@@ -47,6 +48,11 @@ class TableConfig:
         of the embedding optimizer's; None: the optimizer's, as the original.
       learning_rate_fn: This table's learning rate as a function of the global
         step (an int32 scalar, traced), as the original's; at most one of the two.
+      sharding: How the table is placed on several devices: 'row' (rows over
+        every device), 'column' (the dimension split over the devices; it must
+        be a multiple of the device count), 'replicated' (whole on every device);
+        None (default): the planner's choice (embedding/plan.py: small tables
+        replicated, others row-sharded). One device holds every table whole.
 
     Example:
       >>> from tpu_estimator.embedding import TableConfig
@@ -61,9 +67,18 @@ class TableConfig:
     name: str | None = None
     learning_rate: float | None = None
     learning_rate_fn: Callable[[Any], Any] | None = None
+    sharding: Literal["row", "column", "replicated"] | None = None
 
     def __post_init__(self) -> None:
         self._check_learning_rate()
+        if self.sharding is not None and self.sharding not in SHARDINGS:
+            raise ValueError(
+                message(
+                    "`TableConfig(sharding=...)` must be 'row', 'column', 'replicated' or None (the planner's choice).",
+                    f"sharding={self.sharding!r}",
+                    "Pass one of those, or leave it None.",
+                )
+            )
         for field in ("vocabulary_size", "dimension"):
             value = getattr(self, field)
             if not is_int(value) or value < 1:
@@ -188,7 +203,9 @@ _FEATURE_COLUMNS_FIX = (
 class EmbeddingConfigSpec:
     """The embedding tables of a model, passed as `TPUEstimator(embedding_config_spec=...)`.
 
-    Each table is sharded by rows over every device; model_fn receives each
+    Each table is placed by its plan (`TableConfig(sharding=...)`, or the
+    planner's: small tables replicated, others sharded by rows over every
+    device; embedding/plan.py); model_fn receives each
     feature's looked-up, combined activations in `features[name]`; the tables
     are trained by `optimization_parameters`, not by `train_op`.
 

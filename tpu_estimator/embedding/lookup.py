@@ -43,6 +43,15 @@ than the batch, e.g. a ("data", "model") mesh)
        (embedding/updates.py) and scatters them back: untouched rows are not
        read or written (lazy; non-lazy Adam updates the whole shard).
 
+Tables whose plan (embedding/plan.py) is not "row" hold every row on each device
+(one-shard layouts): "replicated" ones run the all-gather code on this replica's
+examples alone (no collective forward); the backward adds the replica's id
+gradients into a dense [V, dim] gradient, all-reduced with the rows touched, and
+every device applies the same lazy update (as data parallelism with dense table
+gradients; bytes flat in N); "column" ones gather the global batch, combine this
+device's columns and `all_to_all` the [B, dim/N] partials into each replica's
+[b, dim] (the gradients travel back the same way).
+
 On one device (`Collectives()` with no axes) the all-gather code runs without
 collectives and with one shard.
 """
@@ -60,7 +69,7 @@ from tpu_estimator.api.checks import message
 from tpu_estimator.embedding import routing, updates
 from tpu_estimator.embedding.config import EmbeddingConfigSpec
 from tpu_estimator.embedding.layout import TableLayout
-from tpu_estimator.embedding.optimizers import AdamParameters
+from tpu_estimator.embedding.plan import table_plans
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +135,16 @@ class Collectives:
         rest = tuple(a for a in self.table_axes if a != self.batch_axis)
         return lax.psum(x, rest) if rest else x
 
+    def batch_of_columns(self, x: Any) -> Any:
+        """[B, ..., dim / N] (the global batch, this device's columns) -> [b, ..., dim] (this
+        replica's examples, every column): a "column" table's activations."""
+        return lax.all_to_all(x, self.batch_axis, 0, x.ndim - 1, tiled=True)
+
+    def columns_of_batch(self, x: Any) -> Any:
+        """The inverse of `batch_of_columns`: this replica's [b, ..., dim] gradients -> the
+        global batch's [B, ..., dim / N] of this device's columns."""
+        return lax.all_to_all(x, self.batch_axis, x.ndim - 1, 0, tiled=True)
+
     def shard_index(self) -> Any:
         if not self.table_axes:
             return 0
@@ -133,8 +152,11 @@ class Collectives:
 
 
 def table_layouts(spec: EmbeddingConfigSpec, num_shards: int) -> dict[str, TableLayout]:
+    """Each table's row placement: over the `num_shards` devices for "row" plans, one shard
+    (the logical order: whole on each device, or split by columns) for the others."""
+    plans = table_plans(spec, num_shards)
     return {
-        name: TableLayout(t.vocabulary_size, num_shards, spec.partition_strategy)
+        name: TableLayout(t.vocabulary_size, num_shards if plans[name] == "row" else 1, spec.partition_strategy)
         for name, t in spec.tables.items()
     }
 
@@ -176,22 +198,31 @@ def lookup_local(
     """
     routed = [t for t in spec.tables if routes(spec, coll, t, ids)]
     out = _lookup_routed(spec, coll, tables, ids, weights, routed)
-    layouts = table_layouts(spec, coll.num_shards)
-    shard = coll.shard_index()
+    layouts, plans = table_layouts(spec, coll.num_shards), table_plans(spec, coll.num_shards)
     for feature, table in spec.feature_tables.items():
         if table in routed:
             continue
-        all_ids = coll.gather_batch(ids[feature])
+        plan = plans[table]
+        gather = _same if plan == "replicated" else coll.gather_batch  # replicated: own examples
+        all_ids = gather(ids[feature])
         w = weights.get(feature)
-        all_w = None if w is None else coll.gather_batch(w)
+        all_w = None if w is None else gather(w)
         coef = _coefficients(spec, feature, all_ids, all_w)
-        mine, rows = _owned(layouts[table], all_ids, shard)
+        mine, rows = _owned(layouts[table], all_ids, coll.shard_index() if plan == "row" else 0)
         local = tables[table]
         gathered = jnp.take(local, rows, axis=0).astype(jnp.float32)  # [B, width, dim]
         scaled = gathered * jnp.where(mine, coef, 0.0)[..., None]
         partial = scaled if spec.features[feature].max_sequence_length else scaled.sum(axis=1)
-        out[feature] = coll.scatter_batch(partial).astype(local.dtype)
+        if plan == "row":
+            partial = coll.scatter_batch(partial)
+        elif plan == "column":
+            partial = coll.batch_of_columns(partial)
+        out[feature] = partial.astype(local.dtype)
     return {f: out[f] for f in spec.feature_tables}
+
+
+def _same(x: Any) -> Any:
+    return x
 
 
 def bytes_per_device(spec: EmbeddingConfigSpec, coll: Collectives, table: str, ids: dict[str, Any]) -> dict[str, int]:
@@ -218,7 +249,7 @@ def bytes_per_device(spec: EmbeddingConfigSpec, coll: Collectives, table: str, i
 
 def routes(spec: EmbeddingConfigSpec, coll: Collectives, table: str, ids: dict[str, Any]) -> bool:
     """Whether `table`'s ids go to their owners in this step (see `Collectives.routing`)."""
-    if not coll.routed or not spec.features_of(table):
+    if not coll.routed or not spec.features_of(table) or table_plans(spec, coll.num_shards)[table] != "row":
         return False
     if coll.routing == "owners":
         return True
@@ -271,14 +302,15 @@ def row_gradients_local(
 
     M = global batch x width summed over the table's features (a static bound).
     """
-    layout = table_layouts(spec, coll.num_shards)[table]
-    shard = coll.shard_index()
+    layout, plan = table_layouts(spec, coll.num_shards)[table], table_plans(spec, coll.num_shards)[table]
+    shard = coll.shard_index() if plan == "row" else 0  # the others: every row on this device
+    to_global = coll.columns_of_batch if plan == "column" else coll.gather_batch
     rows_all, grads_all = [], []
     for feature in spec.features_of(table):
         all_ids = coll.gather_batch(ids[feature])
         w = weights.get(feature)
         all_w = None if w is None else coll.gather_batch(w)
-        g = coll.gather_batch(activation_grads[feature]).astype(jnp.float32) * grad_scale
+        g = to_global(activation_grads[feature]).astype(jnp.float32) * grad_scale
         coef = _coefficients(spec, feature, all_ids, all_w)
         if not spec.features[feature].max_sequence_length:
             g = g[:, None, :]
@@ -315,7 +347,7 @@ def apply_local(
     """
     new_tables, new_slots = {}, {}
     for table in spec.tables:
-        rule = _Rule(spec, table, step)
+        rule = updates.TableRule(spec, table, step)
         local, local_slots = tables[table], slots.get(table, {})
         if routes(spec, coll, table, ids):
             layout, cap, route = _table_route(spec, coll, table, ids)
@@ -335,9 +367,31 @@ def apply_local(
 
             new_tables[table], new_slots[table] = lax.cond(route.rounds <= 1, once, rounds, local, local_slots)
             continue
+        if coll.batch_axis is not None and table_plans(spec, coll.num_shards)[table] == "replicated":
+            dense, touched = _replicated_gradients(spec, coll, table, ids, weights, activation_grads, grad_scale)
+            new_tables[table], new_slots[table] = rule.dense(local, local_slots, dense, touched)
+            continue
         unique, grads = row_gradients_local(spec, coll, table, ids, weights, activation_grads, grad_scale)
         new_tables[table], new_slots[table] = rule.rows(local, local_slots, unique, grads)
     return new_tables, new_slots
+
+
+def _replicated_gradients(
+    spec: EmbeddingConfigSpec, coll: Collectives, table: str, ids: dict[str, Any], weights: dict[str, Any],
+    activation_grads: dict[str, Any], grad_scale: float,
+) -> tuple[Any, Any]:
+    """(the dense [V, dim] gradient of a replicated table summed over the replicas, the rows
+    any replica looked up): this replica's id gradients added into a dense table, then one
+    all-reduce (bytes flat in the device count: the table's size, whatever the batch)."""
+    features = spec.features_of(table)
+    vocabulary, dim = spec.tables[table].vocabulary_size, spec.tables[table].dimension
+    per_id = jnp.concatenate([_id_gradients(spec, f, ids, weights, activation_grads, grad_scale) for f in features])
+    flat = jnp.concatenate([ids[f].reshape(-1) for f in features])
+    rows = jnp.where(flat >= 0, flat, vocabulary)  # padding: out of range, dropped
+    dense = jnp.zeros((vocabulary, dim), jnp.float32).at[rows].add(per_id, mode="drop")
+    count = jnp.zeros((vocabulary,), jnp.float32).at[rows].add(1.0, mode="drop")
+    dense, count = lax.psum((dense, count), coll.batch_axis)
+    return dense, count > 0
 
 
 def _id_gradients(
@@ -350,55 +404,3 @@ def _id_gradients(
     if not spec.features[feature].max_sequence_length:
         g = g[:, None, :]
     return (coef[..., None] * g).reshape(-1, g.shape[-1])
-
-
-@dataclasses.dataclass(frozen=True)
-class _Rule:
-    """The embedding optimizer of one table at one step, on a device's block."""
-
-    spec: EmbeddingConfigSpec
-    table: str
-    step: Any
-
-    def _update(self, rows: Any, slots: Any, grads: Any) -> tuple[Any, Any]:
-        opt, spec = self.spec.optimization_parameters, self.spec
-        grads = updates.prepare_gradients(
-            opt, grads, self.step, clipping_limit=spec.clipping_limit,
-            multiplier_fn=spec.experimental_gradient_multiplier_fn,
-        )
-        lr = spec.tables[self.table].learning_rate_at(self.step)  # None: the optimizer's
-        return updates.update(opt, rows, slots, grads, self.step, lr)
-
-    @property
-    def lazy(self) -> bool:
-        opt = self.spec.optimization_parameters
-        return not (isinstance(opt, AdamParameters) and not opt.lazy_adam)
-
-    def rows(self, local: Any, local_slots: Any, unique: Any, grads: Any) -> tuple[Any, Any]:
-        """Updated block from the summed gradients `grads` [M, dim] of local rows `unique` [M]
-        (padded with the out-of-range `rows_per_shard`)."""
-        if not self.lazy:
-            dense = jnp.zeros(local.shape, jnp.float32).at[unique].add(grads, mode="drop")
-            return self.dense(local, local_slots, dense, None)
-        # the pads read as 0 (slots as 1, so no rule divides by 0) and are never written back
-        def take(a: Any, fill: float) -> Any:
-            return a.at[unique].get(mode="fill", fill_value=fill).astype(jnp.float32)
-
-        rows, row_slots = take(local, 0.0), {k: take(v, 1.0) for k, v in local_slots.items()}
-        new_rows, new_s = self._update(rows, row_slots, grads)
-        table = local.at[unique].set(new_rows.astype(local.dtype), mode="drop")
-        slots = {
-            k: local_slots[k].at[unique].set(v.astype(local_slots[k].dtype), mode="drop") for k, v in new_s.items()
-        }
-        return table, slots
-
-    def dense(self, local: Any, local_slots: Any, dense: Any, touched: Any) -> tuple[Any, Any]:
-        """Updated block from the gradient of every local row `dense`; lazy rules keep the rows
-        not `touched` (non-lazy Adam updates all)."""
-        f32 = {k: v.astype(jnp.float32) for k, v in local_slots.items()}
-        new_rows, new_s = self._update(local.astype(jnp.float32), f32, dense)
-        if self.lazy and touched is not None:
-            keep = touched[:, None]
-            new_rows = jnp.where(keep, new_rows, local)
-            new_s = {k: jnp.where(keep, v, local_slots[k]) for k, v in new_s.items()}
-        return new_rows.astype(local.dtype), {k: v.astype(local_slots[k].dtype) for k, v in new_s.items()}

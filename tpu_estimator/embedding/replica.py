@@ -16,7 +16,7 @@ the original's CrossShardOptimizer scaled the embedding gradients).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
@@ -28,7 +28,7 @@ from tpu_estimator.parallel.mesh import DATA, Topology
 
 
 def replica_tables(spec: EmbeddingConfigSpec, topology: Topology) -> ShardedTables:
-    """The tables placed as the per-replica step expects them: rows over "data"."""
+    """The tables placed as the per-replica step expects them: over "data" (each table by its plan)."""
     return ShardedTables(spec, topology.mesh, batch_axis=DATA, table_axes=(DATA,))
 
 
@@ -39,12 +39,15 @@ def replica_collectives(topology: Topology) -> Collectives:
     return Collectives(DATA, (DATA,), topology.num_replicas, topology.num_replicas)
 
 
-def state_specs(state: EmbeddingState) -> EmbeddingState:
-    """`shard_map` in/out specs of an EmbeddingState in the per-replica step: rows over "data"."""
-    rows = P(DATA)
+def state_specs(state: EmbeddingState, plans: Mapping[str, str] | None = None) -> EmbeddingState:
+    """`shard_map` in/out specs of an EmbeddingState in the per-replica step: by each table's
+    plan (`ShardedTables.plans`; None: every table "row"): rows over "data", columns over
+    "data", or whole ("replicated")."""
+    by_plan = {"row": P(DATA), "column": P(None, DATA), "replicated": P()}
+    spec = {t: by_plan[(plans or {}).get(t, "row")] for t in state.tables}
     return EmbeddingState(
-        tables={t: rows for t in state.tables},
-        slots={t: {k: rows for k in s} for t, s in state.slots.items()},
+        tables=spec,
+        slots={t: {k: spec[t] for k in s} for t, s in state.slots.items()},
         layout=None if state.layout is None else {t: P() for t in state.layout},
     )
 

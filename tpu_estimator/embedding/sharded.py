@@ -1,8 +1,9 @@
 """The tables as global arrays sharded by rows over a mesh, and jit-able ops on them.
 
 `EmbeddingState` holds every table and optimizer slot in storage order
-(embedding/layout.py), each sharded `PartitionSpec(table_axes)` on rows, so a
-device holds 1/N of each. `lookup` and `apply_gradients` take global arrays
+(embedding/layout.py), each placed by its table's plan (embedding/plan.py):
+`PartitionSpec(table_axes)` on rows ("row": a device holds 1/N of each), on columns
+("column") or replicated. `lookup` and `apply_gradients` take global arrays
 (ids split over `batch_axis`) and run the per-device maths of
 embedding/lookup.py under `jax.shard_map` over the mesh; on a one-device mesh
 they run it directly.
@@ -23,6 +24,7 @@ from tpu_estimator.api.checks import message
 from tpu_estimator.embedding.config import EmbeddingConfigSpec
 from tpu_estimator.embedding.layout import STRATEGIES, saved_layouts
 from tpu_estimator.embedding.lookup import Collectives, apply_local, lookup_local, table_layouts
+from tpu_estimator.embedding.plan import PLAN_CODES, Plan, check_plans
 from tpu_estimator.embedding.updates import slot_initial_values
 
 
@@ -34,8 +36,9 @@ class EmbeddingState:
       tables: table name -> storage array.
       slots: table name -> {slot name -> storage array} (Adagrad: accumulator;
         Adam: m, v; FTRL: accumulator, linear; SGD: none).
-      layout: table name -> int32 `[vocabulary_size, N, strategy]` (strategy 0
-        'div', 1 'mod'): the storage order, saved with the tables, so a checkpoint
+      layout: table name -> int32 `[vocabulary_size, N, strategy, plan]` (strategy 0
+        'div', 1 'mod'; plan: `plan.PLAN_CODES`, N = 1 for plans other than "row"):
+        the storage order and plan, saved with the tables, so a checkpoint
         read without the model (`tpu_estimator.load_variable`) or restored onto
         another device count or strategy converts through the logical tables
         (`saved_layouts`); None in states built by hand.
@@ -74,6 +77,19 @@ class ShardedTables:
     def layouts(self) -> dict[str, Any]:
         return table_layouts(self.spec, self.num_shards)
 
+    @property
+    def plans(self) -> dict[str, Plan]:
+        """table name -> its plan (embedding/plan.py) on this placement."""
+        return check_plans(self.spec, self.num_shards, columns_ok=self.axes == (self.batch_axis,))
+
+    def table_specs(self) -> dict[str, P]:
+        """table name -> the PartitionSpec of its table and slots: rows over the table axes
+        ("row"), columns ("column"), or none ("replicated")."""
+        axes = self.axes or None
+        return {
+            t: {"row": P(axes), "column": P(None, axes), "replicated": P()}[plan] for t, plan in self.plans.items()
+        }
+
     def collectives(self) -> Collectives:
         if self.mesh.size == 1:
             return Collectives()
@@ -83,12 +99,15 @@ class ShardedTables:
     def row_sharding(self) -> NamedSharding:
         return NamedSharding(self.mesh, P(self.axes or None))
 
+    def table_shardings(self) -> dict[str, NamedSharding]:
+        return {t: NamedSharding(self.mesh, spec) for t, spec in self.table_specs().items()}
+
     def state_shardings(self, with_slots: bool = True) -> EmbeddingState:
-        s = self.row_sharding()
+        s = self.table_shardings()
         names = slot_initial_values(self.spec.optimization_parameters) if with_slots else {}
         return EmbeddingState(
-            tables={t: s for t in self.spec.tables},
-            slots={t: {k: s for k in names} for t in self.spec.tables},
+            tables={t: s[t] for t in self.spec.tables},
+            slots={t: {k: s[t] for k in names} for t in self.spec.tables},
             layout={t: NamedSharding(self.mesh, P()) for t in self.spec.tables},
         )
 
@@ -114,9 +133,10 @@ class ShardedTables:
 
     def layout_code(self) -> dict[str, np.ndarray]:
         """This placement's `EmbeddingState.layout`."""
-        code = STRATEGIES.index(self.spec.partition_strategy)
+        code, layouts, plans = STRATEGIES.index(self.spec.partition_strategy), self.layouts, self.plans
         return {
-            t: np.asarray([c.vocabulary_size, self.num_shards, code], np.int32) for t, c in self.spec.tables.items()
+            t: np.asarray([c.vocabulary_size, layouts[t].num_shards, code, PLAN_CODES.index(plans[t])], np.int32)
+            for t, c in self.spec.tables.items()
         }
 
     def logical(self, state: EmbeddingState) -> dict[str, np.ndarray]:
@@ -135,7 +155,7 @@ class ShardedTables:
         """The state from whole logical tables and slots (named as `logical()` names them):
         how a checkpoint or warm start written on any device count is put on this mesh.
         `with_slots=False`: the tables alone (evaluation and prediction)."""
-        layouts, sharding = self.layouts, self.row_sharding()
+        layouts, sharding = self.layouts, self.table_shardings()
         names = slot_initial_values(self.spec.optimization_parameters) if with_slots else {}
         missing = [
             k for t in self.spec.tables for k in (t, *(f"{t}/{n}" for n in names)) if k not in logical
@@ -148,7 +168,7 @@ class ShardedTables:
                     "Pass what ShardedTables.logical() returned (tables and optimizer slots).",
                 )
             )
-        put = lambda t, key: jax.device_put(layouts[t].to_storage(np.asarray(logical[key])), sharding)  # noqa: E731
+        put = lambda t, key: jax.device_put(layouts[t].to_storage(np.asarray(logical[key])), sharding[t])  # noqa: E731
         return EmbeddingState(
             tables={t: put(t, t) for t in self.spec.tables},
             slots={t: {n: put(t, f"{t}/{n}") for n in names} for t in self.spec.tables},
@@ -167,11 +187,11 @@ class ShardedTables:
         body = lambda t, i, w: lookup_local(self.spec, coll, t, i, w)  # noqa: E731
         if self.mesh.size == 1:
             return body(tables, ids, weights)
-        rows, batch = P(self.axes), self._batch_spec()
+        specs, batch = self.table_specs(), self._batch_spec()
         return jax.shard_map(
             body,
             mesh=self.mesh,
-            in_specs=({t: rows for t in tables}, {f: batch for f in ids}, {f: batch for f in weights}),
+            in_specs=({t: specs[t] for t in tables}, {f: batch for f in ids}, {f: batch for f in weights}),
             out_specs={f: batch for f in self.spec.feature_tables},
             check_vma=False,
         )(tables, ids, weights)
@@ -195,9 +215,9 @@ class ShardedTables:
         if self.mesh.size == 1:
             tables, slots = body(state.tables, state.slots, ids, weights, activation_grads, step)
             return state.replace(tables=tables, slots=slots)
-        rows, batch = P(self.axes), self._batch_spec()
-        slot_specs = {t: {k: rows for k in v} for t, v in state.slots.items()}
-        table_specs = {t: rows for t in state.tables}
+        specs, batch = self.table_specs(), self._batch_spec()
+        slot_specs = {t: {k: specs[t] for k in v} for t, v in state.slots.items()}
+        table_specs = {t: specs[t] for t in state.tables}
         tables, slots = jax.shard_map(
             body,
             mesh=self.mesh,

@@ -15,10 +15,12 @@ returns the new rows and slots. The order is the original's:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import jax.numpy as jnp
 
+from tpu_estimator.embedding.config import EmbeddingConfigSpec
 from tpu_estimator.embedding.optimizers import (
     AdagradParameters,
     AdamParameters,
@@ -113,3 +115,55 @@ _RULES: dict[type, Callable[..., tuple[Any, Slots]]] = {
     AdamParameters: _adam,
     FtrlParameters: _ftrl,
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class TableRule:
+    """The embedding optimizer of one table at one step, on a device's block."""
+
+    spec: EmbeddingConfigSpec
+    table: str
+    step: Any
+
+    def _update(self, rows: Any, slots: Any, grads: Any) -> tuple[Any, Any]:
+        opt, spec = self.spec.optimization_parameters, self.spec
+        grads = prepare_gradients(
+            opt, grads, self.step, clipping_limit=spec.clipping_limit,
+            multiplier_fn=spec.experimental_gradient_multiplier_fn,
+        )
+        lr = spec.tables[self.table].learning_rate_at(self.step)  # None: the optimizer's
+        return update(opt, rows, slots, grads, self.step, lr)
+
+    @property
+    def lazy(self) -> bool:
+        opt = self.spec.optimization_parameters
+        return not (isinstance(opt, AdamParameters) and not opt.lazy_adam)
+
+    def rows(self, local: Any, local_slots: Any, unique: Any, grads: Any) -> tuple[Any, Any]:
+        """Updated block from the summed gradients `grads` [M, dim] of local rows `unique` [M]
+        (padded with the out-of-range `rows_per_shard`)."""
+        if not self.lazy:
+            dense = jnp.zeros(local.shape, jnp.float32).at[unique].add(grads, mode="drop")
+            return self.dense(local, local_slots, dense, None)
+        # the pads read as 0 (slots as 1, so no rule divides by 0) and are never written back
+        def take(a: Any, fill: float) -> Any:
+            return a.at[unique].get(mode="fill", fill_value=fill).astype(jnp.float32)
+
+        rows, row_slots = take(local, 0.0), {k: take(v, 1.0) for k, v in local_slots.items()}
+        new_rows, new_s = self._update(rows, row_slots, grads)
+        table = local.at[unique].set(new_rows.astype(local.dtype), mode="drop")
+        slots = {
+            k: local_slots[k].at[unique].set(v.astype(local_slots[k].dtype), mode="drop") for k, v in new_s.items()
+        }
+        return table, slots
+
+    def dense(self, local: Any, local_slots: Any, dense: Any, touched: Any) -> tuple[Any, Any]:
+        """Updated block from the gradient of every local row `dense`; lazy rules keep the rows
+        not `touched` (non-lazy Adam updates all)."""
+        f32 = {k: v.astype(jnp.float32) for k, v in local_slots.items()}
+        new_rows, new_s = self._update(local.astype(jnp.float32), f32, dense)
+        if self.lazy and touched is not None:
+            keep = touched[:, None]
+            new_rows = jnp.where(keep, new_rows, local)
+            new_s = {k: jnp.where(keep, v, local_slots[k]) for k, v in new_s.items()}
+        return new_rows.astype(local.dtype), {k: v.astype(local_slots[k].dtype) for k, v in new_s.items()}

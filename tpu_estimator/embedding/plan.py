@@ -1,0 +1,102 @@
+"""Where each table lives: its sharding plan, chosen per table from its size and the device count.
+
+- "row": rows over every device (`partition_strategy` 'div'/'mod'; each holds ~1/N), ids
+  routed to the owners or the global batch all-gathered (embedding/lookup.py);
+- "column": the dimension split over the devices (each holds `dimension / N` columns of
+  every row; `dimension` must be a multiple of N): ids all-gathered, each device combines
+  its columns for the global batch, one `all_to_all` gives each replica its rows;
+- "replicated": the whole table (and slots) on every device: lookups are local `jnp.take`s
+  (no collective); the backward all-reduces a dense [V, dim] gradient (and the rows
+  touched) and every device applies the same lazy update.
+
+`TableConfig(sharding=...)` picks one; None (the default) lets `choose` decide: with more
+than one device, a table of at most `REPLICATE_MAX_BYTES` (rows x dimension x 4 bytes:
+256 KiB) is replicated, others are row-sharded. The bound is measured, not argued
+(`benchmarks/embedding_plans.py`, one table's training step on 8 CPU devices, a global
+batch of 1,024 with 4 ids per example): replicated tables were faster up to 2,000 x 32
+(256 KB), row-sharded ones from 5,000 x 32 (640 KB) on: the fixed cost of the row
+scheme's collectives against the dense gradient's all-reduce and update, which grow
+with the table. Column-wise is never chosen automatically (nothing measured here shows
+it faster); use it for wide tables.
+
+With one device every plan is the same (the whole table there): all resolve to "row".
+A checkpoint records each table's plan (`PLAN_CODES` in its saved layout) and restores
+onto another plan or device count through the whole logical table.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+from tpu_estimator.api.checks import message
+from tpu_estimator.embedding.config import EmbeddingConfigSpec, TableConfig
+
+Plan = Literal["row", "column", "replicated"]
+PLAN_CODES = ("row", "replicated", "column")  # the plan codes of a saved layout
+REPLICATE_MAX_BYTES = 256 << 10  # float32 table bytes replicated at most (benchmarks/embedding_plans.py)
+
+log = logging.getLogger("tpu_estimator.embedding")
+
+
+def choose(config: TableConfig, num_shards: int) -> Plan:
+    """The plan of one table over `num_shards` devices: its override, else the default rule."""
+    if num_shards <= 1:
+        return "row"
+    if config.sharding is not None:
+        return config.sharding  # type: ignore[return-value]
+    return "replicated" if config.vocabulary_size * config.dimension * 4 <= REPLICATE_MAX_BYTES else "row"
+
+
+def table_plans(spec: EmbeddingConfigSpec, num_shards: int) -> dict[str, Plan]:
+    """table name -> its plan over `num_shards` devices (sorted by name, as `spec.tables`)."""
+    return {name: choose(config, num_shards) for name, config in spec.tables.items()}
+
+
+def check_plans(spec: EmbeddingConfigSpec, num_shards: int, *, columns_ok: bool = True) -> dict[str, Plan]:
+    """`table_plans`, raising where a plan cannot place its table: "column" needs a dimension
+    that `num_shards` divides, and tables sharded over the batch axis (`columns_ok`)."""
+    plans = table_plans(spec, num_shards)
+    for name, plan in plans.items():
+        if plan != "column":
+            continue
+        dim = spec.tables[name].dimension
+        if not columns_ok:
+            raise ValueError(
+                message(
+                    f"Table {name!r}: `TableConfig(sharding='column')` needs the table sharded over "
+                    "the batch axis only.",
+                    "sharding='column' with table axes other than the batch axis",
+                    "Use sharding='row' or 'replicated' for this placement.",
+                )
+            )
+        if dim % num_shards:
+            raise ValueError(
+                message(
+                    f"Table {name!r}: `TableConfig(sharding='column')` splits the dimension over the "
+                    f"{num_shards} devices, so it must be a multiple of {num_shards}.",
+                    f"dimension={dim}, sharding='column'",
+                    f"Use a dimension divisible by {num_shards}, or sharding='row' / None.",
+                )
+            )
+    return plans
+
+
+def describe(spec: EmbeddingConfigSpec, num_shards: int) -> list[str]:
+    """One line per table: its name, shape, plan and whether it was chosen or asked for."""
+    lines = []
+    for name, plan in table_plans(spec, num_shards).items():
+        config = spec.tables[name]
+        why = "TableConfig(sharding=...)" if config.sharding is not None else "planner"
+        mib = config.vocabulary_size * config.dimension * 4 / 2**20
+        lines.append(
+            f"embedding table {name!r} ({config.vocabulary_size:,} x {config.dimension}, {mib:.2f} MiB): "
+            f"{plan} over {num_shards} device(s) ({why})"
+        )
+    return lines
+
+
+def log_plans(spec: EmbeddingConfigSpec, num_shards: int) -> None:
+    """Logs `describe` at INFO, one line per table."""
+    for line in describe(spec, num_shards):
+        log.info(line)
