@@ -1,0 +1,95 @@
+"""Chosen rows of a saved array, read straight from the checkpoint with TensorStore.
+
+A restore that places a large array (an embedding table) differently from how
+it was saved reads, for each of its devices, only the rows that device holds:
+`SavedRows.read(rows, out)` fills `out` one saved chunk at a time, so the host
+holds the rows asked for plus one decoded chunk (Orbax writes a chunk per saved
+device shard, at most `CHUNK_BYTES` for the arrays `chunked_save_args` names).
+The TensorStore spec is Orbax's own (`ocp.type_handlers.get_json_tspec_read`),
+so local paths and object stores (gs://) alike are read as Orbax reads them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+import numpy as np
+from etils import epath
+
+CHUNK_BYTES = 16 << 20  # the largest chunk of a saved array that `chunked_save_args` asks for
+
+
+class SavedRows:
+    """One saved array (a leaf of `state_metadata`), opened for row reads."""
+
+    def __init__(self, leaf: Any, *, use_zarr3: bool, ts_context: Any) -> None:
+        import orbax.checkpoint as ocp
+        import tensorstore as ts
+
+        directory = epath.Path(leaf.directory)
+        info = ocp.type_handlers.ParamInfo(
+            name=leaf.name, parent_dir=directory, is_ocdbt_checkpoint=_is_ocdbt(directory),
+            use_zarr3=use_zarr3, ts_context=ts_context,
+        )
+        spec = ocp.type_handlers.get_json_tspec_read(info, use_ocdbt=bool(info.is_ocdbt_checkpoint))
+        self._store = ts.open(spec, context=ts_context, open=True, read=True).result()
+        self.shape = tuple(self._store.shape)
+        self.dtype = np.dtype(self._store.dtype.numpy_dtype)
+        chunk = self._store.chunk_layout.read_chunk.shape
+        self.chunk_rows = int(chunk[0]) if chunk and chunk[0] else max(self.shape[0], 1)
+
+    def read(self, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """`out[i] = saved[rows[i]]` for each `rows[i] >= 0` (others are left as they are),
+        one saved chunk's rows per read. Returns `out`."""
+        rows = np.asarray(rows, np.int64)
+        wanted = np.flatnonzero(rows >= 0)
+        order = wanted[np.argsort(rows[wanted], kind="stable")]
+        if order.size == 0:
+            return out
+        chunks = rows[order] // self.chunk_rows
+        starts = np.flatnonzero(np.diff(chunks, prepend=chunks[0] - 1))
+        for lo, hi in zip(starts, [*starts[1:], order.size]):
+            at, source = order[lo:hi], rows[order[lo:hi]]
+            if source[-1] - source[0] == source.size - 1:  # a run: one slice
+                out[at] = self._store[int(source[0]) : int(source[-1]) + 1].read().result()
+            else:
+                out[at] = self._store[source].read().result()
+        return out
+
+
+def opener(checkpoint_path: str) -> Callable[[Any], SavedRows]:
+    """`open(leaf)` -> SavedRows for the leaves (ArrayMetadata) of the state saved in
+    checkpoint `checkpoint_path`, sharing one TensorStore context."""
+    import orbax.checkpoint as ocp
+
+    state = epath.Path(checkpoint_path) / "state"
+    use_zarr3 = bool(_pytree_metadata(state).get("use_zarr3", False))
+    context = ocp.type_handlers.get_ts_context(use_ocdbt=_is_ocdbt(state))
+    return lambda leaf: SavedRows(leaf, use_zarr3=use_zarr3, ts_context=context)
+
+
+def chunked_save_args(state: Any, *, chunk_bytes: int = CHUNK_BYTES) -> Any:
+    """Orbax `SaveArgs` for `state` (a pytree of arrays) that keep each array's saved
+    chunks at most `chunk_bytes` (None for the others: Orbax's chunk is a device's shard),
+    so a row read never decodes more than that, whatever device count saved it."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    def args(x: Any) -> Any:
+        size = int(np.prod(np.shape(x), dtype=np.int64)) * np.dtype(getattr(x, "dtype", np.float32)).itemsize
+        return ocp.SaveArgs(chunk_byte_size=chunk_bytes) if size > chunk_bytes else ocp.SaveArgs()
+
+    return jax.tree.map(args, state)
+
+
+def _is_ocdbt(directory: epath.Path) -> bool:
+    import orbax.checkpoint as ocp
+
+    return bool(ocp.type_handlers.is_ocdbt_checkpoint(directory))
+
+
+def _pytree_metadata(state: epath.Path) -> dict[str, Any]:
+    """Orbax's `_METADATA` of a saved pytree (its format: zarr v2 or v3, OCDBT); {} without one."""
+    path = state / "_METADATA"
+    return dict(json.loads(path.read_text())) if path.exists() else {}
