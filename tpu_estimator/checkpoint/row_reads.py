@@ -17,13 +17,17 @@ from typing import Any, Callable
 import numpy as np
 from etils import epath
 
-CHUNK_BYTES = 16 << 20  # the largest chunk of a saved array that `chunked_save_args` asks for
+CHUNK_BYTES = 2 << 20  # the largest chunk of a saved array that `chunked_save_args` asks for
+CACHE_BYTES = 4 << 20  # TensorStore's cache of the OCDBT B-tree while rows are read
 
 
 class SavedRows:
     """One saved array (a leaf of `state_metadata`), opened for row reads."""
 
-    def __init__(self, leaf: Any, *, use_zarr3: bool, ts_context: Any) -> None:
+    def __init__(
+        self, leaf: Any, *, use_zarr3: bool, ts_context: Any,
+        empty: Callable[..., np.ndarray] = np.empty, release: Callable[[], Any] | None = None,
+    ) -> None:
         import orbax.checkpoint as ocp
         import tensorstore as ts
 
@@ -38,10 +42,17 @@ class SavedRows:
         self.dtype = np.dtype(self._store.dtype.numpy_dtype)
         chunk = self._store.chunk_layout.read_chunk.shape
         self.chunk_rows = int(chunk[0]) if chunk and chunk[0] else max(self.shape[0], 1)
+        self._empty, self._release = empty, release
+
+    def empty(self, rows: int) -> np.ndarray:
+        """A zeroed host buffer of `rows` rows of this array (from the opener's `empty`)."""
+        out = self._empty((rows, *self.shape[1:]), self.dtype)
+        out.fill(0)
+        return out
 
     def read(self, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
         """`out[i] = saved[rows[i]]` for each `rows[i] >= 0` (others are left as they are),
-        one saved chunk's rows per read. Returns `out`."""
+        one saved chunk's rows per read, the opener's `release()` after each. Returns `out`."""
         rows = np.asarray(rows, np.int64)
         wanted = np.flatnonzero(rows >= 0)
         order = wanted[np.argsort(rows[wanted], kind="stable")]
@@ -55,18 +66,28 @@ class SavedRows:
                 out[at] = self._store[int(source[0]) : int(source[-1]) + 1].read().result()
             else:
                 out[at] = self._store[source].read().result()
+            if self._release is not None:
+                self._release()
         return out
 
 
-def opener(checkpoint_path: str) -> Callable[[Any], SavedRows]:
+def opener(
+    checkpoint_path: str, *, empty: Callable[..., np.ndarray] = np.empty, release: Callable[[], Any] | None = None
+) -> Callable[[Any], SavedRows]:
     """`open(leaf)` -> SavedRows for the leaves (ArrayMetadata) of the state saved in
-    checkpoint `checkpoint_path`, sharing one TensorStore context."""
-    import orbax.checkpoint as ocp
+    checkpoint `checkpoint_path`, sharing one TensorStore context. `empty(shape, dtype)`
+    makes the host buffers rows are read into (the caller's: e.g. 64-byte aligned, which
+    XLA:CPU keeps as the device array); `release()` runs after each chunk read (e.g.
+    `malloc_trim`: TensorStore's threads free the decoded chunks into their own glibc
+    arenas, which keep them)."""
+    import tensorstore as ts
 
     state = epath.Path(checkpoint_path) / "state"
     use_zarr3 = bool(_pytree_metadata(state).get("use_zarr3", False))
-    context = ocp.type_handlers.get_ts_context(use_ocdbt=_is_ocdbt(state))
-    return lambda leaf: SavedRows(leaf, use_zarr3=use_zarr3, ts_context=context)
+    # Orbax's context (get_ts_context) keeps up to 100 MB of what it read in its OCDBT cache:
+    # here only the B-tree's nodes are worth keeping (each chunk is read once).
+    context = ts.Context({"cache_pool#ocdbt": {"total_bytes_limit": CACHE_BYTES}})
+    return lambda leaf: SavedRows(leaf, use_zarr3=use_zarr3, ts_context=context, empty=empty, release=release)
 
 
 def chunked_save_args(state: Any, *, chunk_bytes: int = CHUNK_BYTES) -> Any:

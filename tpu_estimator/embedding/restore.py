@@ -7,12 +7,12 @@ storage rows `[start, stop)` a device holds, `source_rows` names the saved
 storage row of each (through the logical row), and the checkpoint reader
 (checkpoint/row_reads.py `SavedRows`) reads only those, one saved chunk at a
 time. A host's peak memory is its own shards plus one device's shard being
-filled plus one decoded chunk, whatever the table's size.
+filled plus a decoded chunk or two, whatever the table's size.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import jax
 import numpy as np
@@ -26,6 +26,10 @@ class RowReader(Protocol):
 
     shape: tuple[int, ...]
     dtype: np.dtype
+
+    def empty(self, rows: int) -> np.ndarray:
+        """A zeroed host buffer of `rows` rows."""
+        ...
 
     def read(self, rows: np.ndarray, out: np.ndarray) -> np.ndarray: ...
 
@@ -58,8 +62,8 @@ def read_sharded(reader: RowReader, saved: TableLayout, target: TableLayout, sha
     shards = []
     for device, index in sharding.addressable_devices_indices_map(shape).items():
         start, stop, _ = index[0].indices(shape[0])
-        block = np.zeros((stop - start, *shape[1:]), reader.dtype)
+        block = reader.empty(stop - start)
         reader.read(source_rows(saved, target, start, stop), block)
-        shards.append(jax.device_put(block[(slice(None), *index[1:])], device))
-        del block  # (the next device's block replaces it: one at a time on the host)
+        shards.append(jax.device_put(block[(slice(None), *index[1:])], device).block_until_ready())
+        del block  # placed: the next device's block replaces it (one at a time on the host)
     return jax.make_array_from_single_device_arrays(shape, sharding, shards)

@@ -19,7 +19,9 @@ from tpu_estimator.checkpoint.numpy_read import restore_state_numpy, state_metad
 from tpu_estimator.checkpoint.row_reads import opener
 from tpu_estimator.checkpoint.variables import Readers, flatten, reader_at, saved_state, variable_name
 from tpu_estimator.checkpoint.warm_start import apply_warm_start
+from tpu_estimator.feeding.device import aligned_empty
 from tpu_estimator.feeding.host_batches import HostBatch
+from tpu_estimator.feeding.host_memory import trim
 from tpu_estimator.loops import evaluate as eval_loops
 from tpu_estimator.loops import predict as predict_loops
 from tpu_estimator.loops import train as train_loops
@@ -213,7 +215,7 @@ class Runtime:
             started = {c.name: jax.device_get(c.init(base)) for c in fresh}
             raw = {**raw, "extras": {**dict(raw.get("extras") or {}), **started}}
         # components whose saved state is rebuilt for this topology (embedding tables)
-        rows = opener(ref.path)
+        rows = opener(ref.path, empty=aligned_empty, release=trim)  # (aligned: XLA:CPU keeps the buffers)
         rebuilt = {
             c.name: c.from_checkpoint(  # type: ignore[attr-defined]
                 meta["extras"][c.name], reader_at(ref.path, where[c.name]), rows, with_slots=train
