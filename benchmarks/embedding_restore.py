@@ -2,7 +2,7 @@
 
 A table of ROWS x DIM float32 (Adagrad) is saved by the real estimator on 8 devices
 ('div'), then restored in fresh processes (tests/embedding/restore_memory_worker.py)
-onto 8, 4 and 2 devices, the ways the estimator can: `rows` (each device's rows read from
+onto 8, 4 and 2 devices (one case per process), two ways: `rows` (each device's rows read from
 the checkpoint for it alone: `EmbeddingTables.from_checkpoint`) and `whole` (the saved
 arrays read whole into numpy, then placed: what tpu_estimator 0.2 did for evaluation and
 for another device count or strategy). Cases run interleaved, ROUNDS times; it prints
@@ -32,7 +32,7 @@ def worker(devices: int, *args: object) -> dict | None:
     done = subprocess.run([sys.executable, WORKER, *map(str, args)], env=env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
-    return json.loads(done.stdout.strip().splitlines()[-1]) if args[0] == "restore" else None
+    return json.loads(done.stdout.strip().splitlines()[-1]) if args[0] == "restore" else None  # one case
 
 
 def main() -> None:
@@ -52,7 +52,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for devices, strategy, slots in CASES:
                 for how in ("rows", "whole"):
-                    got = worker(devices, "restore", model_dir, args.rows, args.dim, strategy, slots, how)
+                    got = worker(devices, "restore", model_dir, args.rows, args.dim, f"{strategy}:{slots}:{how}")
                     results.setdefault((devices, strategy, slots, how), []).append(got)
     print("devices strategy slots how    restored MB  peak growth MB          over restored MB")
     for (devices, strategy, slots, how), runs in results.items():

@@ -3,18 +3,19 @@ host memory of restoring one large embedding table (Adagrad: a slot as large) fr
 checkpoint, on the devices XLA_FLAGS gives this process.
 
     python restore_memory_worker.py save MODEL_DIR ROWS DIM STRATEGY
-    python restore_memory_worker.py restore MODEL_DIR ROWS DIM STRATEGY SLOTS HOW
+    python restore_memory_worker.py restore MODEL_DIR ROWS DIM STRATEGY:SLOTS:HOW ...
 
 `save` trains the model one step with the real estimator (checkpoints of the table sharded
-over this process's devices with STRATEGY). `restore` reads the newest checkpoint's
-tables (and slots if SLOTS is 1) onto this process's devices with STRATEGY as the
-estimator's restore does: HOW `rows`, each device's rows read for it alone (the
-component's `from_checkpoint`); or `whole`, as tpu_estimator 0.2 did, the saved arrays
-read whole into numpy, then placed (`ShardedTables.place` of the logical tables). Before
-it, a 64-row table is restored the same way (imports and thread pools paid), freed memory
-is handed back (malloc_trim) and the peak resident memory reset (/proc/self/clear_refs).
-It prints one JSON line: the peak's growth during the restore (VmHWM), the resident
-growth after it (VmRSS), and the bytes this process's devices hold.
+over this process's devices with STRATEGY). `restore` measures each case in turn: it
+reads the newest checkpoint's tables (and slots if SLOTS is 1) onto this process's
+devices with STRATEGY as the estimator's restore does: HOW `rows`, each device's rows
+read for it alone (the component's `from_checkpoint`); or `whole`, as tpu_estimator 0.2
+did, the saved arrays read whole into numpy, then placed (`ShardedTables.place` of the
+logical tables). First a 64-row table is restored the same ways (imports and thread pools
+paid); before each case freed memory is handed back (malloc_trim) and the peak resident
+memory reset (/proc/self/clear_refs). It prints one JSON line per case: the peak's
+growth during the restore (VmHWM), the resident growth after it (VmRSS), and the bytes
+this process's devices hold.
 """
 
 from __future__ import annotations
@@ -92,26 +93,30 @@ def restore(model_dir: str, rows: int, dim: int, strategy: str, slots: bool, how
 
 
 def main(argv: list[str]) -> None:
-    what, model_dir, rows, dim, strategy = argv[:5]
+    what, model_dir, rows, dim = argv[:4]
     rows, dim = int(rows), int(dim)
     if what == "save":
-        save(model_dir, rows, dim, strategy)
+        save(model_dir, rows, dim, argv[4])
         return
-    slots, how = argv[5] == "1", argv[6]
+    cases = [case.split(":") for case in argv[4:]]  # STRATEGY:SLOTS:HOW, measured in turn
     with tempfile.TemporaryDirectory() as small:
-        save(small, 64, dim, strategy)
-        jax.block_until_ready(restore(small, 64, dim, strategy, slots, how))
-    trim()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM := VmRSS
-    before = status_kib("VmRSS")
-    state = jax.block_until_ready(restore(model_dir, rows, dim, strategy, slots, how))
-    peak, after = status_kib("VmHWM"), status_kib("VmRSS")
-    own = sum(s.data.nbytes for leaf in jax.tree.leaves(state) for s in leaf.addressable_shards)
-    print(json.dumps({
-        "devices": jax.device_count(), "how": how, "peak_growth": (peak - before) * 1024,
-        "rss_growth": (after - before) * 1024, "own": own, "table": rows * dim * 4,
-    }))
+        save(small, 64, dim, cases[0][0])
+        for strategy, slots, how in cases:
+            jax.block_until_ready(restore(small, 64, dim, strategy, slots == "1", how))
+    for strategy, slots, how in cases:
+        trim()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM := VmRSS
+        before = status_kib("VmRSS")
+        state = jax.block_until_ready(restore(model_dir, rows, dim, strategy, slots == "1", how))
+        peak, after = status_kib("VmHWM"), status_kib("VmRSS")
+        own = sum(s.data.nbytes for leaf in jax.tree.leaves(state) for s in leaf.addressable_shards)
+        del state
+        print(json.dumps({
+            "devices": jax.device_count(), "strategy": strategy, "slots": int(slots), "how": how,
+            "peak_growth": (peak - before) * 1024, "rss_growth": (after - before) * 1024, "own": own,
+            "table": rows * dim * 4,
+        }), flush=True)
 
 
 if __name__ == "__main__":

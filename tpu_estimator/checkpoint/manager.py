@@ -156,7 +156,8 @@ class Checkpointer:
             ):
                 return False
             self._manager.reload()
-        items = {"state": ocp.args.StandardSave(state, save_args=chunked_save_args(state, chunk_bytes=self._chunk_bytes))}
+        save_args = chunked_save_args(state, chunk_bytes=self._chunk_bytes)
+        items = {"state": ocp.args.StandardSave(state, save_args=save_args)}
         if input_state is not None:
             items["input"] = ocp.args.JsonSave(input_state)
         primary = jax.process_index() == 0  # where Orbax runs the post-finalization callback

@@ -84,10 +84,12 @@ def opener(
 
     state = epath.Path(checkpoint_path) / "state"
     use_zarr3 = bool(_pytree_metadata(state).get("use_zarr3", False))
-    # Orbax's context (get_ts_context) keeps up to 100 MB of what it read in its OCDBT cache:
-    # here only the B-tree's nodes are worth keeping (each chunk is read once).
+    # A small OCDBT cache (Orbax's get_ts_context allows 100 MB): the B-tree's nodes are
+    # worth keeping, the chunks are read once each.
     context = ts.Context({"cache_pool#ocdbt": {"total_bytes_limit": CACHE_BYTES}})
-    return lambda leaf: SavedRows(leaf, use_zarr3=use_zarr3, ts_context=context, empty=empty, release=release)
+    return lambda leaf: SavedRows(
+        leaf, use_zarr3=use_zarr3, ts_context=context, empty=empty, release=release
+    )
 
 
 def chunked_save_args(state: Any, *, chunk_bytes: int = CHUNK_BYTES) -> Any:

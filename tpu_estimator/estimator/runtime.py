@@ -236,7 +236,9 @@ class Runtime:
             opt_state=None,
             step=np.asarray(raw["step"], np.int32),
             rng=np.asarray(raw["rng"], np.uint32),
-            extras=None if abstract.extras is None else _fill(_without(abstract.extras, rebuilt), raw.get("extras") or {}),
+            extras=None if abstract.extras is None else _fill(
+                _without(abstract.extras, rebuilt), raw.get("extras") or {}
+            ),
         )
         return _with(jax.device_put(state, shardings), rebuilt)
 
