@@ -3,8 +3,8 @@
 A restore that places a large array (an embedding table) differently from how
 it was saved reads, for each of its devices, only the rows that device holds:
 `SavedRows.read(rows, out)` fills `out` one saved chunk at a time, so the host
-holds the rows asked for plus one decoded chunk (Orbax writes a chunk per saved
-device shard, at most `CHUNK_BYTES` for the arrays `chunked_save_args` names).
+holds the rows asked for plus a decoded chunk (Orbax writes a chunk per saved
+device shard; `Checkpointer` asks for at most `CHUNK_BYTES`: `chunked_save_args`).
 The TensorStore spec is Orbax's own (`ocp.type_handlers.get_json_tspec_read`),
 so local paths and object stores (gs://) alike are read as Orbax reads them.
 """
@@ -25,18 +25,17 @@ class SavedRows:
     """One saved array (a leaf of `state_metadata`), opened for row reads."""
 
     def __init__(
-        self, leaf: Any, *, use_zarr3: bool, ts_context: Any,
+        self, leaf: Any, *, use_ocdbt: bool, use_zarr3: bool, ts_context: Any,
         empty: Callable[..., np.ndarray] = np.empty, release: Callable[[], Any] | None = None,
     ) -> None:
         import orbax.checkpoint as ocp
         import tensorstore as ts
 
-        directory = epath.Path(leaf.directory)
         info = ocp.type_handlers.ParamInfo(
-            name=leaf.name, parent_dir=directory, is_ocdbt_checkpoint=_is_ocdbt(directory),
+            name=leaf.name, parent_dir=epath.Path(leaf.directory), is_ocdbt_checkpoint=use_ocdbt,
             use_zarr3=use_zarr3, ts_context=ts_context,
         )
-        spec = ocp.type_handlers.get_json_tspec_read(info, use_ocdbt=bool(info.is_ocdbt_checkpoint))
+        spec = ocp.type_handlers.get_json_tspec_read(info, use_ocdbt=use_ocdbt)
         self._store = ts.open(spec, context=ts_context, open=True, read=True).result()
         self.shape = tuple(self._store.shape)
         self.dtype = np.dtype(self._store.dtype.numpy_dtype)
@@ -80,21 +79,23 @@ def opener(
     XLA:CPU keeps as the device array); `release()` runs after each chunk read (e.g.
     `malloc_trim`: TensorStore's threads free the decoded chunks into their own glibc
     arenas, which keep them)."""
+    import orbax.checkpoint as ocp
     import tensorstore as ts
 
     state = epath.Path(checkpoint_path) / "state"
+    use_ocdbt = bool(ocp.type_handlers.is_ocdbt_checkpoint(state))
     use_zarr3 = bool(_pytree_metadata(state).get("use_zarr3", False))
     # A small OCDBT cache (Orbax's get_ts_context allows 100 MB): the B-tree's nodes are
     # worth keeping, the chunks are read once each.
     context = ts.Context({"cache_pool#ocdbt": {"total_bytes_limit": CACHE_BYTES}})
     return lambda leaf: SavedRows(
-        leaf, use_zarr3=use_zarr3, ts_context=context, empty=empty, release=release
+        leaf, use_ocdbt=use_ocdbt, use_zarr3=use_zarr3, ts_context=context, empty=empty, release=release
     )
 
 
 def chunked_save_args(state: Any, *, chunk_bytes: int = CHUNK_BYTES) -> Any:
     """Orbax `SaveArgs` for `state` (a pytree of arrays) that keep each array's saved
-    chunks at most `chunk_bytes` (None for the others: Orbax's chunk is a device's shard),
+    chunks at most `chunk_bytes` (default ones for smaller arrays: a chunk per device shard),
     so a row read never decodes more than that, whatever device count saved it."""
     import jax
     import orbax.checkpoint as ocp
@@ -104,12 +105,6 @@ def chunked_save_args(state: Any, *, chunk_bytes: int = CHUNK_BYTES) -> Any:
         return ocp.SaveArgs(chunk_byte_size=chunk_bytes) if size > chunk_bytes else ocp.SaveArgs()
 
     return jax.tree.map(args, state)
-
-
-def _is_ocdbt(directory: epath.Path) -> bool:
-    import orbax.checkpoint as ocp
-
-    return bool(ocp.type_handlers.is_ocdbt_checkpoint(directory))
 
 
 def _pytree_metadata(state: epath.Path) -> dict[str, Any]:
