@@ -23,6 +23,7 @@ from tpu_estimator.api.checks import message
 from tpu_estimator.errors import CheckpointStorageError
 from tpu_estimator.checkpoint import integrity
 from tpu_estimator.checkpoint.numpy_read import this_process_alone
+from tpu_estimator.checkpoint.row_reads import CHUNK_BYTES, chunked_save_args
 from tpu_estimator.paths import as_uri, join
 from tpu_estimator.storage import bounded
 
@@ -80,7 +81,9 @@ def split_checkpoint_path(path: str | os.PathLike[str]) -> tuple[str, int]:
 
 
 class Checkpointer:
-    """Orbax `CheckpointManager` for one directory, saving asynchronously."""
+    """Orbax `CheckpointManager` for one directory, saving asynchronously; an array's saved
+    chunks are at most `chunk_bytes` (a restore reading chosen rows decodes one at a time,
+    whatever device count saved it: checkpoint/row_reads.py)."""
 
     def __init__(
         self,
@@ -89,8 +92,10 @@ class Checkpointer:
         max_to_keep: int | None = None,
         keep_every_n_hours: float | None = None,
         read_only: bool = False,
+        chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
         self.directory = as_uri(directory, arg="model_dir")
+        self._chunk_bytes = chunk_bytes  # the largest saved chunk of an array (row_reads.py)
         self._uncommitted: collections.deque[tuple[int, bool]] = collections.deque()  # (step, input?)
         self._saving: int | None = None  # the step of the background save not yet waited for
         self._store_away = False  # the store stopped answering: Orbax's threads are stuck in it
@@ -155,7 +160,8 @@ class Checkpointer:
             ):
                 return False
             self._reload()
-        items = {"state": ocp.args.StandardSave(state)}
+        save_args = chunked_save_args(state, chunk_bytes=self._chunk_bytes)
+        items = {"state": ocp.args.StandardSave(state, save_args=save_args)}
         if input_state is not None:
             items["input"] = ocp.args.JsonSave(input_state)
         primary = jax.process_index() == 0  # where Orbax runs the post-finalization callback

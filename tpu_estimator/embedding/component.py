@@ -13,7 +13,8 @@ where the tables are the replica's block of rows (`replica_specs`).
 The state is an `EmbeddingState` in `TrainState.extras["embedding"]`
 (tables, optimizer slots, the saved row `layout`). A checkpoint written on
 another device count or partition strategy is restored through the logical
-tables (`restore_plan`, `from_raw`); warm start, exports and the variable
+tables (`restore_plan`, `from_checkpoint`: each device's rows read from the
+checkpoint for it alone, embedding/restore.py); warm start, exports and the variable
 reader see whole logical tables named `embedding/<table>` and
 `embedding/<table>/<slot>` (`variable_reader`).
 """
@@ -26,12 +27,15 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
+from tpu_estimator.api.checks import message
 from tpu_estimator.embedding.config import EmbeddingConfigSpec
 from tpu_estimator.embedding.inputs import prepare_features
 from tpu_estimator.embedding.layout import saved_layouts
 from tpu_estimator.embedding.lookup import Collectives
 from tpu_estimator.embedding.plan import check_plans, log_plans
+from tpu_estimator.embedding.restore import RowReader, read_sharded
 from tpu_estimator.embedding.replica import (
     lookup_in_replica,
     placeholder_activations,
@@ -42,6 +46,7 @@ from tpu_estimator.embedding.replica import (
     update_in_replica,
 )
 from tpu_estimator.embedding.sharded import EmbeddingState, ShardedTables, check_fits, one_device_state, whole_tables
+from tpu_estimator.embedding.updates import slot_initial_values
 from tpu_estimator.parallel.mesh import Topology
 
 NAME = "embedding"  # the key in TrainState.extras, and the prefix of the variable names
@@ -139,12 +144,44 @@ class EmbeddingTables:
         mine = self.tables.layout_code()
         return any(tuple(np.asarray(layout[t]).tolist()) != tuple(c.tolist()) for t, c in mine.items())
 
-    def from_raw(self, raw: Any, *, with_slots: bool) -> EmbeddingState:
-        """The state of a raw (numpy) checkpoint's tables placed on this topology."""
-        saved = raw or {}
-        check_fits(self.spec, saved.get("layout") or {}, saved.get("tables") or {})
-        state = EmbeddingState(saved["tables"], saved.get("slots") or {}, saved.get("layout"))
-        return self.tables.place(self.tables.logical(state), with_slots=with_slots)
+    def from_checkpoint(
+        self, saved: Any, read: Callable[[Any], Any], open_rows: Callable[[Any], RowReader], *, with_slots: bool
+    ) -> EmbeddingState:
+        """The saved tables (metadata `saved`; `read` reads a small part of it as numpy,
+        `open_rows(leaf)` a saved array's rows) placed on this topology, from any device
+        count or partition strategy: each device's rows are read for it alone
+        (embedding/restore.py), no whole table on the host. `with_slots=False`: the
+        tables alone (evaluation and prediction).
+
+        Raises:
+          ValueError: the saved tables do not fit the spec, or lack an optimizer slot.
+        """
+        saved = saved or {}
+        layout = saved_layout(saved, read)
+        check_fits(self.spec, layout, saved.get("tables") or {})
+        layouts, mine, shardings = saved_layouts(layout), self.tables.layouts, self.tables.table_shardings()
+        names = slot_initial_values(self.spec.optimization_parameters) if with_slots else {}
+        saved_slots = saved.get("slots") or {}
+        missing = [f"{t}/{n}" for t in self.spec.tables for n in names if n not in (saved_slots.get(t) or {})]
+        if missing:
+            raise ValueError(
+                message(
+                    "The checkpoint's embedding tables lack optimizer slots that this "
+                    "embedding_config_spec's optimizer trains with.",
+                    f"missing slots {missing} ({type(self.spec.optimization_parameters).__name__})",
+                    "Train with the optimization_parameters the checkpoint was written with, or "
+                    "start a new model_dir with warm_start_from=<this checkpoint> (slots start fresh).",
+                )
+            )
+
+        def load(table: str, leaf: Any) -> Any:
+            return read_sharded(open_rows(leaf), layouts[table], mine[table], shardings[table])
+
+        return EmbeddingState(
+            tables={t: load(t, saved["tables"][t]) for t in self.spec.tables},
+            slots={t: {n: load(t, saved_slots[t][n]) for n in names} for t in self.spec.tables},
+            layout=jax.device_put(self.tables.layout_code(), NamedSharding(self.tables.mesh, P())),
+        )
 
     def warm_start_variables(self, extra: EmbeddingState) -> dict[str, np.ndarray]:
         """The whole tables, warm-started as `embedding/<table>` (trainable, as TF's were)."""

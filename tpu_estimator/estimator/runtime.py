@@ -15,10 +15,13 @@ import numpy as np
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.checkpoint.manager import CheckpointRef
-from tpu_estimator.checkpoint.numpy_read import state_metadata
+from tpu_estimator.checkpoint.numpy_read import restore_state_numpy, state_metadata
+from tpu_estimator.checkpoint.row_reads import opener
 from tpu_estimator.checkpoint.variables import Readers, flatten, reader_at, saved_state, variable_name
 from tpu_estimator.checkpoint.warm_start import apply_warm_start
+from tpu_estimator.feeding.device import aligned_empty
 from tpu_estimator.feeding.host_batches import HostBatch
+from tpu_estimator.feeding.host_memory import trim
 from tpu_estimator.loops import evaluate as eval_loops
 from tpu_estimator.loops import predict as predict_loops
 from tpu_estimator.loops import train as train_loops
@@ -191,7 +194,8 @@ class Runtime:
         if ref is None:
             return self._after_init(init(*sample))
         abstract = self.traced.abstract  # what restoring checks model_fn's names against
-        meta, where = saved_state(state_metadata(ref.path))  # read once for every check
+        tree = state_metadata(ref.path)  # read once for every check
+        meta, where = saved_state(tree)
         saved = self._saved_extras(ref, meta)
         comps = self.model.components
         dropped = bool(saved - {c.name for c in comps})  # a setting turned off
@@ -199,15 +203,24 @@ class Runtime:
         moved = any(w != ("extras", n) for n, w in where.items())  # an older checkpoint's layout
         if train and not dropped and not fresh and not moved and not self._needs_raw(ref, meta, where):
             return ref.checkpointer.restore(ref.step, abstract)
-        raw, _ = saved_state(ref.checkpointer.restore_raw(ref.step))
+        # components that read their saved state into this topology's shards themselves
+        # (each device's rows of the embedding tables): the raw restore leaves them out
+        direct = [c for c in comps if hasattr(c, "from_checkpoint") and c.name in saved]
+        if direct:
+            raw, _ = saved_state(_restore_without(ref.path, tree, [where[c.name] for c in direct]))
+        else:
+            raw, _ = saved_state(ref.checkpointer.restore_raw(ref.step))
         if fresh:  # their state starts from `init` of the restored state
             base = _fill(abstract.replace(extras=None), raw)
             started = {c.name: jax.device_get(c.init(base)) for c in fresh}
             raw = {**raw, "extras": {**dict(raw.get("extras") or {}), **started}}
         # components whose saved state is rebuilt for this topology (embedding tables)
+        rows = opener(ref.path, empty=aligned_empty, release=trim)  # (aligned: XLA:CPU keeps the buffers)
         rebuilt = {
-            c.name: c.from_raw(raw["extras"][c.name], with_slots=train)  # type: ignore[attr-defined]
-            for c in comps if hasattr(c, "from_raw")
+            c.name: c.from_checkpoint(  # type: ignore[attr-defined]
+                meta["extras"][c.name], reader_at(ref.path, where[c.name]), rows, with_slots=train
+            )
+            for c in direct
         }
         shardings = init.state_shardings.replace(extras=_without(init.state_shardings.extras, rebuilt))
         if train:  # a component's state left out or rebuilt
@@ -223,7 +236,9 @@ class Runtime:
             opt_state=None,
             step=np.asarray(raw["step"], np.int32),
             rng=np.asarray(raw["rng"], np.uint32),
-            extras=None if abstract.extras is None else _fill(_without(abstract.extras, rebuilt), raw["extras"]),
+            extras=None if abstract.extras is None else _fill(
+                _without(abstract.extras, rebuilt), raw.get("extras") or {}
+            ),
         )
         return _with(jax.device_put(state, shardings), rebuilt)
 
@@ -327,6 +342,21 @@ def _with(state: TrainState, extras: dict[str, Any]) -> TrainState:
     if not extras:
         return state
     return state.replace(extras={**state.extras, **extras})
+
+
+def _restore_without(checkpoint_path: str, tree: dict[str, Any], leave_out: list[tuple[str, ...]]) -> Any:
+    """The state saved in `checkpoint_path` (metadata `tree`) as numpy, but for the subtrees
+    at the paths `leave_out` (read by their components)."""
+    for path in leave_out:
+        tree = _pruned(tree, path)
+    return restore_state_numpy(checkpoint_path, tree)
+
+
+def _pruned(tree: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    """`tree` without the subtree at `path`, nor the dicts that leaves empty (Orbax reads none)."""
+    head, *rest = path
+    inner = _pruned(dict(tree[head]), tuple(rest)) if rest else {}
+    return {k: v for k, v in tree.items() if k != head} | ({head: inner} if inner else {})
 
 
 def _fill(abstract: Any, raw: Any) -> Any:

@@ -25,7 +25,7 @@ Optional hooks, each called only for a component that has it (`hasattr`):
 | the train step, after `gradients` | `update(extra, inputs, act_grads, step) -> extra` | embedding |
 | the per-replica programs (`shard_map` in/out specs; default replicated) | `replica_specs(extra)` | embedding |
 | restore: a raw (numpy) restore needed? (another device count, layout) | `restore_plan(saved_meta, read) -> bool` (`read` reads a part of it as numpy) | embedding |
-|  | `from_raw(raw_extra, *, with_slots) -> extra` (placed on this topology) | embedding |
+| restore: its state read from the checkpoint into this topology's shards (the raw restore leaves it out) | `from_checkpoint(saved_meta, read, open_rows, *, with_slots) -> extra` (`open_rows(leaf)` reads chosen rows of a saved array) | embedding |
 | warm start: its trainable variables (`<name>/<key>`), whole | `warm_start_variables(extra) -> {key: array}` | embedding |
 |  | `warm_started(extra, values) -> extra` | embedding |
 | export: what the export's variables carry under `<name>` | `export_state(raw_extra)` | embedding |
@@ -48,8 +48,8 @@ naming its setting.
 Restoring onto another device count needs nothing of a component whose
 state is shaped like the parameters (it is restored by shape and sharding,
 as the parameters are); one whose storage depends on the device count (the
-embedding tables' row order) says so with `restore_plan` and rebuilds its
-state with `from_raw`. Variables that are not named by their path in the
+embedding tables' row order) says so with `restore_plan` and reads its
+state with `from_checkpoint` (each device's rows alone: no whole table on a host). Variables that are not named by their path in the
 state (whole tables from sharded storage) are read by a reader registered
 with the component (`estimator/components.variable_readers`,
 checkpoint/variables.py). The core holds the components of a run in

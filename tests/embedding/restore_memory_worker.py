@@ -1,0 +1,123 @@
+"""One process of the restore-memory test (and benchmarks/embedding_restore.py): the peak
+host memory of restoring one large embedding table (Adagrad: a slot as large) from a
+checkpoint, on the devices XLA_FLAGS gives this process.
+
+    python restore_memory_worker.py save MODEL_DIR ROWS DIM STRATEGY
+    python restore_memory_worker.py restore MODEL_DIR ROWS DIM STRATEGY:SLOTS:HOW ...
+
+`save` trains the model one step with the real estimator (checkpoints of the table sharded
+over this process's devices with STRATEGY). `restore` measures each case in turn: it
+reads the newest checkpoint's tables (and slots if SLOTS is 1) onto this process's
+devices with STRATEGY as the estimator's restore does: HOW `rows`, each device's rows
+read for it alone (the component's `from_checkpoint`); or `whole`, as tpu_estimator 0.2
+did, the saved arrays read whole into numpy, then placed (`ShardedTables.place` of the
+logical tables). First a 64-row table is restored the same ways (imports and thread pools
+paid); before each case freed memory is handed back (malloc_trim) and the peak resident
+memory reset (/proc/self/clear_refs). It prints one JSON line per case: the peak's
+growth during the restore (VmHWM), the resident growth after it (VmRSS), and the bytes
+this process's devices hold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import tpu_estimator as te
+from tpu_estimator.checkpoint.numpy_read import restore_state_numpy, state_metadata
+from tpu_estimator.checkpoint.row_reads import opener
+from tpu_estimator.checkpoint.variables import reader_at, saved_state
+from tpu_estimator.embedding import AdagradParameters, EmbeddingConfigSpec, FeatureConfig, TableConfig
+from tpu_estimator.embedding.component import EmbeddingTables
+from tpu_estimator.embedding.sharded import EmbeddingState
+from tpu_estimator.feeding.device import aligned_empty
+from tpu_estimator.feeding.host_memory import trim
+from tpu_estimator.parallel.mesh import Topology
+
+BATCH = 16
+
+
+def status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def make_spec(rows: int, dim: int, strategy: str) -> EmbeddingConfigSpec:
+    return EmbeddingConfigSpec(
+        feature_to_config_dict={"ids": FeatureConfig("t")},
+        table_to_config_dict={"t": TableConfig(rows, dim)},
+        optimization_parameters=AdagradParameters(0.1),
+        partition_strategy=strategy,
+    )
+
+
+def model_fn(features, labels, mode, params):
+    y = nn.Dense(1)(features["ids"])
+    loss = jnp.mean((y - labels) ** 2)
+    return te.TPUEstimatorSpec(mode, loss=loss, train_op=optax.sgd(0.1))
+
+
+def save(model_dir: str, rows: int, dim: int, strategy: str) -> None:
+    est = te.TPUEstimator(
+        model_fn, model_dir=model_dir, use_tpu=True, train_batch_size=BATCH,
+        embedding_config_spec=make_spec(rows, dim, strategy),
+        config=te.RunConfig(tpu_config=te.TPUConfig(iterations_per_loop=1)),
+    )
+    rng = np.random.RandomState(0)
+    batch = ({"ids": rng.randint(0, rows, (BATCH, 1))}, rng.randn(BATCH, 1).astype(np.float32))
+    est.train(lambda params: iter([batch]), max_steps=1)
+
+
+def restore(model_dir: str, rows: int, dim: int, strategy: str, slots: bool, how: str) -> jax.Array:
+    path = f"{model_dir}/{max(int(n) for n in os.listdir(model_dir) if n.isdigit())}"
+    component = EmbeddingTables.create(make_spec(rows, dim, strategy), Topology.create(use_tpu=True))
+    meta, where = saved_state(state_metadata(path))
+    saved, read = meta["extras"]["embedding"], reader_at(path, where["embedding"])
+    if how == "rows":
+        rows = opener(path, empty=aligned_empty, release=trim)  # as estimator/runtime.py opens it
+        return component.from_checkpoint(saved, read, rows, with_slots=slots)
+    raw = restore_state_numpy(path, {"extras": {"embedding": saved}})["extras"]["embedding"]
+    state = EmbeddingState(raw["tables"], raw["slots"] if slots else {}, raw["layout"])
+    return component.tables.place(component.tables.logical(state), with_slots=slots)
+
+
+def main(argv: list[str]) -> None:
+    what, model_dir, rows, dim = argv[:4]
+    rows, dim = int(rows), int(dim)
+    if what == "save":
+        save(model_dir, rows, dim, argv[4])
+        return
+    cases = [case.split(":") for case in argv[4:]]  # STRATEGY:SLOTS:HOW, measured in turn
+    with tempfile.TemporaryDirectory() as small:
+        save(small, 64, dim, cases[0][0])
+        for strategy, slots, how in cases:
+            jax.block_until_ready(restore(small, 64, dim, strategy, slots == "1", how))
+    for strategy, slots, how in cases:
+        trim()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM := VmRSS
+        before = status_kib("VmRSS")
+        state = jax.block_until_ready(restore(model_dir, rows, dim, strategy, slots == "1", how))
+        peak, after = status_kib("VmHWM"), status_kib("VmRSS")
+        own = sum(s.data.nbytes for leaf in jax.tree.leaves(state) for s in leaf.addressable_shards)
+        del state
+        print(json.dumps({
+            "devices": jax.device_count(), "strategy": strategy, "slots": int(slots), "how": how,
+            "peak_growth": (peak - before) * 1024, "rss_growth": (after - before) * 1024, "own": own,
+            "table": rows * dim * 4,
+        }), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,69 @@
+"""Saved tables read straight into this topology's shards: no host holds a whole table.
+
+A table saved on N devices with one partition strategy and restored onto N'
+devices with another (embedding/layout.py) changes which rows each device
+holds. `read_sharded` builds the restored array device by device: for the
+storage rows `[start, stop)` a device holds, `source_rows` names the saved
+storage row of each (through the logical row), and the checkpoint reader
+(checkpoint/row_reads.py `SavedRows`) reads only those, one saved chunk at a
+time. A host's peak memory is its own shards plus one device's shard being
+filled plus a decoded chunk or two, whatever the table's size.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import jax
+import numpy as np
+from jax.sharding import Sharding
+
+from tpu_estimator.embedding.layout import TableLayout
+
+
+class RowReader(Protocol):
+    """What `read_sharded` reads: a saved array's rows (checkpoint/row_reads.py `SavedRows`)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def empty(self, rows: int) -> np.ndarray:
+        """A zeroed host buffer of `rows` rows."""
+        ...
+
+    def read(self, rows: np.ndarray, out: np.ndarray) -> np.ndarray: ...
+
+
+def logical_rows(layout: TableLayout, start: int, stop: int) -> np.ndarray:
+    """The logical row held at each storage row `[start, stop)` of `layout` (>= vocabulary_size:
+    a padding row)."""
+    storage = np.arange(start, stop, dtype=np.int64)
+    if layout.strategy == "mod":
+        shard, local = np.divmod(storage, layout.rows_per_shard)
+        return local * layout.num_shards + shard
+    return storage
+
+
+def source_rows(saved: TableLayout, target: TableLayout, start: int, stop: int) -> np.ndarray:
+    """For the storage rows `[start, stop)` of `target`, the storage row of `saved` holding
+    the same logical row (-1 for padding rows: they stay zero)."""
+    logical = logical_rows(target, start, stop)
+    out = np.full(logical.shape, -1, np.int64)
+    valid = logical < min(saved.vocabulary_size, target.vocabulary_size)
+    shard, local = saved.place(logical[valid])
+    out[valid] = shard * saved.rows_per_shard + local
+    return out
+
+
+def read_sharded(reader: RowReader, saved: TableLayout, target: TableLayout, sharding: Sharding) -> jax.Array:
+    """The saved table (or slot) `reader` in `target`'s storage order, sharded by `sharding`:
+    each of this process's devices gets the rows it holds, read for it alone."""
+    shape = (target.storage_rows, *reader.shape[1:])
+    shards = []
+    for device, index in sharding.addressable_devices_indices_map(shape).items():
+        start, stop, _ = index[0].indices(shape[0])
+        block = reader.empty(stop - start)
+        reader.read(source_rows(saved, target, start, stop), block)
+        shards.append(jax.device_put(block[(slice(None), *index[1:])], device).block_until_ready())
+        del block  # placed: the next device's block replaces it (one at a time on the host)
+    return jax.make_array_from_single_device_arrays(shape, sharding, shards)
