@@ -155,7 +155,17 @@ def test_checkpoint_records_the_plans_and_restores_onto_other_plans_and_device_c
     one = e.estimator(tmp_path / "one", False, row)
     for lo, hi in ((0, 3), (3, 5)):
         one.train(e.train_input(e.BATCHES[lo:hi]), max_steps=hi)
-    for name in ("embedding/users", "embedding/items", "embedding/items/accumulator", "Dense_0/kernel"):
+    names = ("embedding/users", "embedding/items", "embedding/items/accumulator", "Dense_0/kernel")
+    for name in names:
         np.testing.assert_allclose(
             last.get_variable_value(name), one.get_variable_value(name), rtol=2e-5, atol=1e-6, err_msg=name
+        )
+    # and back: the row-wise checkpoint restored onto the replicated and column plans (each
+    # device reads its own part of every table, embedding/restore.py)
+    back = e.estimator(moved, True, mixed)
+    back.train(e.train_input(e.BATCHES[5:6]), max_steps=6)
+    one.train(e.train_input(e.BATCHES[5:6]), max_steps=6)
+    for name in names:
+        np.testing.assert_allclose(
+            back.get_variable_value(name), one.get_variable_value(name), rtol=2e-5, atol=1e-6, err_msg=name
         )
