@@ -39,9 +39,21 @@ def run(nproc: int, model_dir, steps: int, out) -> dict:
     return dict(np.load(out))
 
 
-def test_two_processes_match_one_and_share_checkpoints(tmp_path):
+@pytest.fixture(scope="module")
+def one_host(tmp_path_factory):
+    """(results, folder) of one process with 8 devices, 4 steps, every input mode PER_HOST_V1:
+    the reference of the tests below, run once for all of them (each started its own, the same
+    run). Its model_dir, folder / "b", is continued by two processes in the first test."""
+    base = tmp_path_factory.mktemp("one_host")
+    with pytest.MonkeyPatch.context() as mp:
+        for variable in ("WORKER_INPUT_MODE", "WORKER_EVAL_MODE", "WORKER_EMBEDDING"):
+            mp.delenv(variable, raising=False)
+        return run(1, base / "b", 4, base / "one.npz"), base
+
+
+def test_two_processes_match_one_and_share_checkpoints(tmp_path, one_host):
     two = run(2, tmp_path / "a", 4, tmp_path / "two.npz")
-    one = run(1, tmp_path / "b", 4, tmp_path / "one.npz")
+    one, base = one_host
     assert (two["procs"], one["procs"]) == (2, 1)
     for k in set(one) - {"procs"}:  # parameters, and evaluate() over uneven hosts
         np.testing.assert_allclose(two[k], one[k], rtol=1e-5, atol=1e-6, err_msg=k)
@@ -49,11 +61,11 @@ def test_two_processes_match_one_and_share_checkpoints(tmp_path):
     per_host = [np.load(f"{tmp_path / 'two.npz'}.predict{i}.npy") for i in range(2)]
     assert [len(p) for p in per_host] == [60, 40]
     np.testing.assert_allclose(
-        np.concatenate(per_host), np.load(f"{tmp_path / 'one.npz'}.predict0.npy"), rtol=1e-5, atol=1e-6
+        np.concatenate(per_host), np.load(f"{base / 'one.npz'}.predict0.npy"), rtol=1e-5, atol=1e-6
     )
     # each continues the other's checkpoint
     one_from_two = run(1, tmp_path / "a", 6, tmp_path / "c.npz")
-    two_from_one = run(2, tmp_path / "b", 6, tmp_path / "d.npz")
+    two_from_one = run(2, base / "b", 6, tmp_path / "d.npz")
     assert one_from_two["step"] == two_from_one["step"] == 6
     for k in set(one) - {"procs"}:
         np.testing.assert_allclose(one_from_two[k], two_from_one[k], rtol=1e-5, atol=1e-6, err_msg=k)
@@ -63,16 +75,15 @@ def test_two_processes_match_one_and_share_checkpoints(tmp_path):
     "variable, mode, nproc",
     [("WORKER_INPUT_MODE", "BROADCAST", 4), ("WORKER_EVAL_MODE", "SLICED", 2)],
 )
-def test_input_from_host_zero_matches_one_host(tmp_path, monkeypatch, variable, mode, nproc):
+def test_input_from_host_zero_matches_one_host(tmp_path, monkeypatch, one_host, variable, mode, nproc):
     # BROADCAST (train, eval, predict) / SLICED (eval, predict): input_fn runs on host 0
     # only; the other hosts receive its batches (raw buffers behind a typed header).
     monkeypatch.setenv(variable, mode)
     two = run(nproc, tmp_path / "a", 4, tmp_path / "two.npz")
-    monkeypatch.delenv(variable)
-    one = run(1, tmp_path / "b", 4, tmp_path / "one.npz")
+    one, base = one_host  # one process, PER_HOST_V1
     for k in set(one) - {"procs"}:  # BROADCAST: every replica saw the whole batch, same mean gradient
         np.testing.assert_allclose(two[k], one[k], rtol=1e-5, atol=1e-6, err_msg=k)
-    expected = np.load(f"{tmp_path / 'one.npz'}.predict0.npy")
+    expected = np.load(f"{base / 'one.npz'}.predict0.npy")
     for i in range(nproc):  # each host yields the predictions of host 0's input
         np.testing.assert_allclose(np.load(f"{tmp_path / 'two.npz'}.predict{i}.npy"), expected, rtol=1e-5, atol=1e-6)
 
