@@ -1,9 +1,8 @@
 """Per-device collective bytes of the embedding train step, read from the compiled HLO.
 
 The per-replica step (lookup, gradients of a loss w.r.t. the activations, the
-lazy Adagrad update) compiled at 2 and 8 devices (sub-meshes of the 8 fake
-CPU devices; the ends of the range, 4 would only add a compile) with a fixed
-per-device batch. For each collective op (all-to-all,
+lazy Adagrad update) compiled at 2, 4 and 8 devices (sub-meshes of the 8 fake
+CPU devices) with a fixed per-device batch. For each collective op (all-to-all,
 all-gather, reduce-scatter, all-reduce, collective-permute) the larger of its
 operands' and its result's bytes, summed: flat in the device count with ids
 routed to their owners; growing with it when every device all-gathers the
@@ -85,12 +84,12 @@ def compiled_step_hlo(num_devices: int, routing: str) -> str:
 
 @pytest.fixture(scope="module")
 def per_device_bytes():
-    runs = [("owners", 2), ("owners", 8), ("all_gather", 2), ("all_gather", 8)]
+    runs = [("owners", 2), ("owners", 4), ("owners", 8), ("all_gather", 2), ("all_gather", 8)]
     return {run: collective_bytes(compiled_step_hlo(run[1], run[0])) for run in runs}
 
 
 def test_routed_bytes_per_device_are_flat_in_the_device_count(per_device_bytes):
-    totals = {n: sum(per_device_bytes["owners", n].values()) for n in (2, 8)}
+    totals = {n: sum(per_device_bytes["owners", n].values()) for n in (2, 4, 8)}
     assert set(per_device_bytes["owners", 8]) == {"all-to-all", "all-reduce"}, per_device_bytes["owners", 8]
     assert per_device_bytes["owners", 8]["all-reduce"] == 4  # the agreed number of rounds (int32)
     assert max(totals.values()) <= 1.3 * min(totals.values()), totals
