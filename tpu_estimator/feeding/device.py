@@ -15,9 +15,12 @@ if TYPE_CHECKING:
     from jax.typing import ArrayLike, DTypeLike
 
 # Most bytes of stacked input one program receives; a longer loop is fed in chunks. With the
-# feeder one chunk ahead, ~2 chunks are alive: 32 MB kept an MLP's peak RSS at 1.22x a
-# hand-written per-step loop's (256 MB: 1.44x; benchmarks/memory.py).
-MAX_CHUNK_BYTES = 32 << 20
+# feeder one chunk ahead and at most two chunks queued (estimator/inflight.py), ~3 chunks are
+# alive. Quiet machine, benchmarks/one_process.py (MLP, 0.8 MB batches, 100-step loops):
+# peak RSS 1.09x a hand-written per-step process's at 8 MB, 1.15x at 16 MB, 1.27x at 32 MB;
+# benchmarks/loops.py's CNN evaluate/predict (1.5 MB batches): 0.91/0.95 of the hand-written
+# loop at 8 MB, 0.94/0.93 at 16 MB, 0.98/0.97 at 32 MB (+-0.03 run to run; RESULTS.md).
+MAX_CHUNK_BYTES = 16 << 20
 # XLA:CPU takes a host buffer aligned to this many bytes as the device array, without a copy.
 ALIGNMENT = 64
 
@@ -28,7 +31,7 @@ def chunk_steps(size: int, per_batch: int, max_bytes: int = MAX_CHUNK_BYTES) -> 
     scan length), else of two lengths.
 
     >>> chunk_steps(100, 800 << 10), chunk_steps(101, 800 << 10), chunk_steps(100, 1)
-    (25, 34, 100)
+    (20, 21, 100)
     """
     fewest = min(size, max(1, -(-size * per_batch // max_bytes)))
     for pieces in range(fewest, min(size, 2 * fewest) + 1):
