@@ -109,5 +109,7 @@ def chunked_save_args(state: Any, *, chunk_bytes: int = CHUNK_BYTES) -> Any:
 
 def _pytree_metadata(state: epath.Path) -> dict[str, Any]:
     """Orbax's `_METADATA` of a saved pytree (its format: zarr v2 or v3, OCDBT); {} without one."""
-    path = state / "_METADATA"
-    return dict(json.loads(path.read_text())) if path.exists() else {}
+    try:  # one read, no existence check first (a request of its own on an object store)
+        return dict(json.loads((state / "_METADATA").read_text()))
+    except FileNotFoundError:
+        return {}

@@ -215,7 +215,8 @@ class Runtime:
             started = {c.name: jax.device_get(c.init(base)) for c in fresh}
             raw = {**raw, "extras": {**dict(raw.get("extras") or {}), **started}}
         # components whose saved state is rebuilt for this topology (embedding tables)
-        rows = opener(ref.path, empty=aligned_empty, release=trim)  # (aligned: XLA:CPU keeps the buffers)
+        # (aligned: XLA:CPU keeps the buffers); opened only when a component reads its rows
+        rows = opener(ref.path, empty=aligned_empty, release=trim) if direct else None
         rebuilt = {
             c.name: c.from_checkpoint(  # type: ignore[attr-defined]
                 meta["extras"][c.name], reader_at(ref.path, where[c.name]), rows, with_slots=train
