@@ -21,7 +21,8 @@ it faster); use it for wide tables.
 
 With one device every plan is the same (the whole table there): all resolve to "row".
 A checkpoint records each table's plan (`PLAN_CODES` in its saved layout) and restores
-onto another plan or device count through the whole logical table.
+onto another plan or device count: each device's part read straight from the checkpoint
+(embedding/restore.py; a column-sharded or replicated device reads whole rows).
 """
 
 from __future__ import annotations
