@@ -78,7 +78,7 @@ def test_auto_steps_a_convolution_on_cpu_and_any_model_at_one_iteration(tmp_path
         model_dir=str(tmp_path / "conv"), tpu_config=te.TPUConfig(iterations_per_loop=4)), train_batch_size=16)
     conv.train(batches_fn(x, y), steps=4)
     assert conv.loop_strategy == "step"
-    # Evaluation (forward only) loops on the device: its convolutions are not slow in a scan.
+    # Evaluation (forward only) on 8 devices loops on the device: its convolutions are not slow in a scan.
     step_eval = te.TPUEstimator(conv_model_fn, config=te.RunConfig(
         model_dir=str(tmp_path / "conv"), tpu_config=te.TPUConfig(iterations_per_loop=4, loop_strategy="step")),
         train_batch_size=16, eval_batch_size=16)
@@ -100,8 +100,11 @@ def test_the_rule_per_backend():
         assert LoopStrategy("auto", backend).decide(100, {"conv_general_dilated"}) == "scan"
     cpu_conv = LoopStrategy("auto", "cpu")
     assert cpu_conv.inference == "auto"  # not decided yet
-    assert cpu_conv.decide(100, {"conv_general_dilated"}) == "step"
-    assert cpu_conv.inference == "scan"  # forward only: no slow gradient in the loop
+    assert cpu_conv.decide(100, {"conv_general_dilated"}, devices=8) == "step"
+    assert cpu_conv.inference == "scan"  # forward only on several devices: one program per loop
+    one_device = LoopStrategy("auto", "cpu")
+    assert one_device.decide(100, {"conv_general_dilated"}, devices=1) == "step"
+    assert one_device.inference == "step"  # one device: a program per batch measured faster
     assert LoopStrategy("auto", "cpu").decide(1, {"dot_general"}) == "step"
     user = LoopStrategy("step", "tpu")
     assert user.decide(100, set()) == "step" and user.inference == "step"  # the user's choice wins

@@ -130,7 +130,8 @@ class TPUConfig:
         `iterations_per_loop=1` and on XLA:CPU for models with convolutions
         (XLA:CPU runs their gradients far slower inside `lax.scan`), else
         "scan"; evaluate() and predict() loops (no gradients) "scan" unless
-        `iterations_per_loop=1`. The choice is logged and training's is
+        `iterations_per_loop=1`, or a model with convolutions on one XLA:CPU
+        device ("step"). The choice is logged and training's is
         readable as `TPUEstimator.loop_strategy`. "scan" or "step" applies
         to every mode.
       partition_rules: (Not in the original.) With `num_cores_per_replica`:

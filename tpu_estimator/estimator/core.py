@@ -296,7 +296,9 @@ class Core:
         """The state at checkpoint `ref` (None: fresh), reusing the last one in memory."""
         runtime.prepare(first, axes)
         ipl = self.config.tpu_config.iterations_per_loop_parsed
-        self.loop_strategy.decide(ipl.value if ipl.unit == "count" else None, runtime.traced.primitives)
+        self.loop_strategy.decide(
+            ipl.value if ipl.unit == "count" else None, runtime.traced.primitives, self.topology.mesh.size
+        )
         cached = self._last_state
         if (
             cached is not None

@@ -166,8 +166,8 @@ class TPUEstimator:
     @property
     def inference_loop_strategy(self) -> str:
         """How evaluate() and predict() loops run: "scan" or "step" ("auto" before the
-        first call); differs from `loop_strategy` where "auto" steps training only (XLA:CPU
-        and convolutions, see `TPUConfig.loop_strategy`)."""
+        first call); differs from `loop_strategy` where "auto" steps training only (XLA:CPU,
+        convolutions and several devices, see `TPUConfig.loop_strategy`)."""
         return self._core.loop_strategy.inference
 
     @property

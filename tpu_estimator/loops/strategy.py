@@ -10,9 +10,11 @@ between machines or recompile in the middle of training:
 - XLA:CPU and the model convolves: "step" for training. XLA:CPU runs a
   CNN's training step ~25x slower inside `lax.scan`'s while loop than as a
   program of its own (benchmarks/RESULTS.md: 33 vs 880 examples/sec); the
-  slow part is the convolutions' gradient: evaluation and prediction (forward
-  only) still loop in "scan", measured as fast as or faster than one program
-  per batch on the CNN benchmark (1 and 8 devices, benchmarks/RESULTS.md);
+  slow part is the convolutions' gradient. Evaluation and prediction (forward
+  only) run "step" on one device and "scan" on several: on the CNN benchmark
+  a program per batch was 2-10% faster than the on-device loop with one
+  device, and 10-20% slower with 8 (each program is dispatched to every
+  device; benchmarks/RESULTS.md, "Inference loops of a CNN on XLA:CPU");
 - XLA:CPU otherwise: "scan" (no per-step dispatch; measured as fast or faster
   on the MLP benchmark).
 
@@ -55,10 +57,16 @@ def primitives_of(jaxpr: Any) -> frozenset[str]:
 
 
 def choose(
-    backend: str, iterations_per_loop: int | None, primitives: Iterable[str], *, training: bool = True
+    backend: str,
+    iterations_per_loop: int | None,
+    primitives: Iterable[str],
+    *,
+    training: bool = True,
+    devices: int = 1,
 ) -> tuple[str, str]:
     """"auto"'s rule: (strategy, why). `iterations_per_loop` None: a time-based loop;
-    `training` False: the rule of evaluation and prediction loops (no gradients).
+    `training` False: the rule of evaluation and prediction loops (no gradients);
+    `devices`: how many devices each program runs on.
 
     >>> choose("cpu", 100, {"dot_general", "conv_general_dilated"})[0]
     'step'
@@ -67,6 +75,8 @@ def choose(
     >>> choose("gpu", 1, {"dot_general"})[0]
     'step'
     >>> choose("cpu", 100, {"conv_general_dilated"}, training=False)[0]
+    'step'
+    >>> choose("cpu", 100, {"conv_general_dilated"}, training=False, devices=8)[0]
     'scan'
     """
     if iterations_per_loop == 1:
@@ -76,8 +86,10 @@ def choose(
     slow = ", ".join(sorted(SLOW_IN_CPU_LOOPS.intersection(primitives)))
     if slow and training:
         return "step", f"XLA:CPU runs the gradient of {slow} far slower inside lax.scan: one program per step"
+    if slow and devices == 1:
+        return "step", f"XLA:CPU, {slow} without gradients on one device: one program per batch"
     if slow:
-        return "scan", f"XLA:CPU, {slow} without gradients: iterations_per_loop batches in one program"
+        return "scan", f"XLA:CPU, {slow} without gradients on {devices} devices: iterations_per_loop batches in one program"
     return "scan", "XLA:CPU, no convolutions: iterations_per_loop steps in one program"
 
 
@@ -106,21 +118,22 @@ class LoopStrategy:
     @property
     def inference(self) -> str:
         """How evaluate() and predict() loops run: 'scan' or 'step' ('auto' until decided).
-        The user's setting, or "auto"'s rule without training's convolution exception. With
+        The user's setting, or "auto"'s rule for loops without gradients (`choose`). With
         "scan" the feeder stacks a loop's batches on the host, as training's chunks (one
-        process), so an on-device loop costs no copy inside the program; MLP and CNN
-        evaluation and prediction on XLA:CPU measured faster so than with one program per
-        batch (benchmarks/RESULTS.md)."""
+        process), so an on-device loop costs no copy inside the program."""
         with self._lock:
             return self._inference or "auto"
 
-    def decide(self, iterations_per_loop: int | None, primitives: Iterable[str]) -> str:
-        """Decides once (later calls return the decision) and logs it; returns the strategy."""
+    def decide(self, iterations_per_loop: int | None, primitives: Iterable[str], devices: int = 1) -> str:
+        """Decides once (later calls return the decision) and logs it; returns the strategy.
+        `devices`: how many devices each program runs on (the estimator's mesh)."""
         with self._lock:
             if self._value is None:
                 backend = self._backend or jax.default_backend()
                 self._value, why = choose(backend, iterations_per_loop, primitives)
-                self._inference, why_inference = choose(backend, iterations_per_loop, primitives, training=False)
+                self._inference, why_inference = choose(
+                    backend, iterations_per_loop, primitives, training=False, devices=devices
+                )
                 if self._inference == self._value:
                     log.info("loop_strategy='auto' chose %r: %s.", self._value, why)
                 else:
