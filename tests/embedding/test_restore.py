@@ -95,6 +95,38 @@ def test_read_sharded_places_each_devices_rows(saved_table, shards, strategy):
     assert {s.data.shape for s in array.addressable_shards} == {(target.rows_per_shard, 4)}
 
 
+def test_saved_rows_reads_chosen_columns_of_chosen_rows(saved_table):
+    path, leaf, layout, logical = saved_table
+    reader = opener(path)(leaf)
+    storage = layout.to_storage(logical)
+    rows = np.array([5, 6, 7, 150, -1, 3, 201])  # a run, scattered rows, and a padding row
+    out = reader.empty(rows.size, (slice(1, 3),))
+    assert out.shape == (7, 2) and not out.any()
+    reader.read(rows, out, (slice(1, 3),))
+    np.testing.assert_array_equal(out[rows >= 0], storage[rows[rows >= 0], 1:3])
+    assert not out[rows < 0].any()
+
+
+@pytest.mark.parametrize("shards", [4, 2])
+def test_read_sharded_reads_only_each_devices_columns(saved_table, shards):
+    """A column-sharded table restored from a row-sharded checkpoint: each device's buffer
+    (and read) is its columns of every row, not whole rows."""
+    path, leaf, layout, logical = saved_table
+    buffers = []
+
+    def empty(shape, dtype):
+        buffers.append(tuple(shape))
+        return aligned_empty(shape, dtype)
+
+    reader = opener(path, empty=empty)(leaf)
+    mesh = Mesh(np.array(jax.devices()[:shards]), ("data",))
+    target = TableLayout(203, 1, "div")  # "column" plans keep the logical order
+    array = read_sharded(reader, layout, target, NamedSharding(mesh, P(None, "data")))
+    np.testing.assert_array_equal(np.asarray(array), logical)
+    assert buffers == [(203, 4 // shards)] * shards
+    assert {s.data.shape for s in array.addressable_shards} == {(203, 4 // shards)}
+
+
 def _worker(devices, *args):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"

@@ -3,7 +3,8 @@
 A restore that places a large array (an embedding table) differently from how
 it was saved reads, for each of its devices, only the rows that device holds:
 `SavedRows.read(rows, out)` fills `out` one saved chunk at a time, so the host
-holds the rows asked for plus a decoded chunk (Orbax writes a chunk per saved
+holds the rows asked for plus a decoded chunk; a device holding some columns of every
+row (a column-sharded table) reads only those columns (Orbax writes a chunk per saved
 device shard; `Checkpointer` asks for at most `CHUNK_BYTES`: `chunked_save_args`).
 The TensorStore spec is Orbax's own (`ocp.type_handlers.get_json_tspec_read`),
 so local paths and object stores (gs://) alike are read as Orbax reads them.
@@ -43,15 +44,18 @@ class SavedRows:
         self.chunk_rows = int(chunk[0]) if chunk and chunk[0] else max(self.shape[0], 1)
         self._empty, self._release = empty, release
 
-    def empty(self, rows: int) -> np.ndarray:
-        """A zeroed host buffer of `rows` rows of this array (from the opener's `empty`)."""
-        out = self._empty((rows, *self.shape[1:]), self.dtype)
+    def empty(self, rows: int, columns: tuple[slice, ...] = ()) -> np.ndarray:
+        """A zeroed host buffer of `rows` rows of this array (from the opener's `empty`), of
+        the part `columns` (slices of the trailing dimensions) of each row."""
+        out = self._empty((rows, *_part_shape(self.shape[1:], columns)), self.dtype)
         out.fill(0)
         return out
 
-    def read(self, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """`out[i] = saved[rows[i]]` for each `rows[i] >= 0` (others are left as they are),
-        one saved chunk's rows per read, the opener's `release()` after each. Returns `out`."""
+    def read(self, rows: np.ndarray, out: np.ndarray, columns: tuple[slice, ...] = ()) -> np.ndarray:
+        """`out[i] = saved[rows[i]][columns]` for each `rows[i] >= 0` (others are left as they
+        are; `columns`: slices of the trailing dimensions, () for whole rows): only those
+        rows and columns are read, one saved chunk's rows per read, the opener's `release()`
+        after each. Returns `out`."""
         rows = np.asarray(rows, np.int64)
         wanted = np.flatnonzero(rows >= 0)
         order = wanted[np.argsort(rows[wanted], kind="stable")]
@@ -62,9 +66,9 @@ class SavedRows:
         for lo, hi in zip(starts, [*starts[1:], order.size]):
             at, source = order[lo:hi], rows[order[lo:hi]]
             if source[-1] - source[0] == source.size - 1:  # a run: one slice
-                out[at] = self._store[int(source[0]) : int(source[-1]) + 1].read().result()
+                out[at] = self._store[(slice(int(source[0]), int(source[-1]) + 1), *columns)].read().result()
             else:
-                out[at] = self._store[source].read().result()
+                out[at] = self._store[(source, *columns)].read().result()
             if self._release is not None:
                 self._release()
         return out
@@ -105,6 +109,12 @@ def chunked_save_args(state: Any, *, chunk_bytes: int = CHUNK_BYTES) -> Any:
         return ocp.SaveArgs(chunk_byte_size=chunk_bytes) if size > chunk_bytes else ocp.SaveArgs()
 
     return jax.tree.map(args, state)
+
+
+def _part_shape(shape: tuple[int, ...], part: tuple[slice, ...]) -> tuple[int, ...]:
+    """The shape of `x[part]` for an `x` of `shape` (`part`: slices of its leading dimensions)."""
+    sizes = [len(range(*s.indices(n))) for s, n in zip(part, shape)]
+    return (*sizes, *shape[len(sizes) :])
 
 
 def _pytree_metadata(state: epath.Path) -> dict[str, Any]:

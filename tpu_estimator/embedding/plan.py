@@ -22,7 +22,8 @@ it faster); use it for wide tables.
 With one device every plan is the same (the whole table there): all resolve to "row".
 A checkpoint records each table's plan (`PLAN_CODES` in its saved layout) and restores
 onto another plan or device count: each device's part read straight from the checkpoint
-(embedding/restore.py; a column-sharded or replicated device reads whole rows).
+(embedding/restore.py; a column-sharded device reads its columns of every row, a
+replicated one whole rows).
 """
 
 from __future__ import annotations

@@ -27,11 +27,13 @@ class RowReader(Protocol):
     shape: tuple[int, ...]
     dtype: np.dtype
 
-    def empty(self, rows: int) -> np.ndarray:
-        """A zeroed host buffer of `rows` rows."""
+    def empty(self, rows: int, columns: tuple[slice, ...] = ()) -> np.ndarray:
+        """A zeroed host buffer of `rows` rows (of the part `columns` of each)."""
         ...
 
-    def read(self, rows: np.ndarray, out: np.ndarray) -> np.ndarray: ...
+    def read(self, rows: np.ndarray, out: np.ndarray, columns: tuple[slice, ...] = ()) -> np.ndarray:
+        """`out[i] = saved[rows[i]][columns]` for each `rows[i] >= 0`."""
+        ...
 
 
 def logical_rows(layout: TableLayout, start: int, stop: int) -> np.ndarray:
@@ -62,8 +64,9 @@ def read_sharded(reader: RowReader, saved: TableLayout, target: TableLayout, sha
     shards = []
     for device, index in sharding.addressable_devices_indices_map(shape).items():
         start, stop, _ = index[0].indices(shape[0])
-        block = reader.empty(stop - start)
-        reader.read(source_rows(saved, target, start, stop), block)
-        shards.append(jax.device_put(block[(slice(None), *index[1:])], device).block_until_ready())
+        columns = tuple(index[1:])  # a column-sharded table: this device's columns alone
+        block = reader.empty(stop - start, columns)
+        reader.read(source_rows(saved, target, start, stop), block, columns)
+        shards.append(jax.device_put(block, device).block_until_ready())
         del block  # placed: the next device's block replaces it (one at a time on the host)
     return jax.make_array_from_single_device_arrays(shape, sharding, shards)

@@ -22,6 +22,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.embedding.config import EmbeddingConfigSpec
+from tpu_estimator.embedding.initial import storage_order
 from tpu_estimator.embedding.layout import STRATEGIES, saved_layouts
 from tpu_estimator.embedding.lookup import Collectives, apply_local, lookup_local, table_layouts
 from tpu_estimator.embedding.plan import PLAN_CODES, Plan, check_plans
@@ -112,15 +113,16 @@ class ShardedTables:
         )
 
     def build(self, key: jax.Array, dtype: Any = jnp.float32, *, with_slots: bool = True) -> EmbeddingState:
-        """The initial state as `init` makes it, unplaced (to call inside a jitted init whose
-        out_shardings are `state_shardings(with_slots)`)."""
-        layouts = self.layouts
+        """The initial state as `init` makes it, to call inside a jitted init whose
+        out_shardings are `state_shardings(with_slots)`: each device computes only its shards."""
+        layouts, shardings = self.layouts, self.table_shardings()
         names = slot_initial_values(self.spec.optimization_parameters) if with_slots else {}
         tables, slots = {}, {}
         for i, (name, config) in enumerate(self.spec.tables.items()):
             shape = (config.vocabulary_size, config.dimension)
             logical = config.init_fn()(jax.random.fold_in(key, i), shape, dtype)
-            tables[name] = layouts[name].to_storage(jnp.asarray(logical, dtype))
+            # each device draws and orders only its part (embedding/initial.py)
+            tables[name] = storage_order(jnp.asarray(logical, dtype), layouts[name], shardings[name])
             rows = (layouts[name].storage_rows, config.dimension)
             slots[name] = {k: jnp.full(rows, v, jnp.float32) for k, v in names.items()}
         return EmbeddingState(tables, slots, layout={t: jnp.asarray(c) for t, c in self.layout_code().items()})
