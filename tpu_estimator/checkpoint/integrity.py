@@ -51,7 +51,7 @@ from etils import epath
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.checkpoint.listing import Entry, crc32c_of, list_files, read_bytes, write_bytes
-from tpu_estimator.checkpoint.numpy_read import restore_state_numpy, state_metadata
+from tpu_estimator.checkpoint.full_read import read_state_in_full
 from tpu_estimator.errors import CheckpointStorageError, DamagedCheckpointError
 from tpu_estimator.paths import is_local
 from tpu_estimator.storage import bounded
@@ -243,8 +243,9 @@ def _verify_without_digests(root: epath.Path, listing: dict[str, Entry], older_w
 
 
 def _read_all(root: epath.Path) -> None:
-    """Reads a step's state and input position in full (what a restore reads)."""
-    restore_state_numpy(str(root), state_metadata(str(root)))
+    """Reads a step's state and input position in full (what a restore reads), every read
+    finished before a failure is raised (full_read.py)."""
+    read_state_in_full(str(root))
     item = root / "input"
     if item.is_dir():
         for name in list_files(str(item)):
