@@ -3,8 +3,8 @@
 A read that fails must leave no TensorStore read pending: Orbax's restore (and its
 `metadata()`) left some when one failed, whose completions hit its closed event loop
 ("RuntimeError: Event loop is closed" from TensorStore's threads, which pytest reports
-as an unraisable exception; made an error here). One failed read showed it in about
-19 of 20 tries, so each test damages 8 copies.
+as an unraisable exception; made an error here). One failed read showed it in
+15 to 19 of 20 tries, so each test damages 8 copies.
 """
 
 from __future__ import annotations
