@@ -101,12 +101,13 @@ class TableGroup:
 
 
 def groups(spec: EmbeddingConfigSpec, layouts: dict[str, TableLayout], tables: dict[str, Any],
-           routed: list[str]) -> list[TableGroup]:
+           routed: list[str], fuse: bool = True) -> list[TableGroup]:
     """The `routed` tables grouped by (dimension, dtype of their block in `tables`), in the
-    spec's order."""
-    keyed: dict[tuple[int, Any], list[str]] = {}
+    spec's order (`fuse=False`: one group per table)."""
+    keyed: dict[Any, list[str]] = {}
     for name in routed:
-        keyed.setdefault((spec.tables[name].dimension, jnp.dtype(tables[name].dtype)), []).append(name)
+        key = (spec.tables[name].dimension, jnp.dtype(tables[name].dtype)) if fuse else name
+        keyed.setdefault(key, []).append(name)
     return [TableGroup(tuple(names), tuple(layouts[n] for n in names)) for names in keyed.values()]
 
 

@@ -93,6 +93,9 @@ class Collectives:
         every device sees the global batch's ids.
       capacity_factor: C = ceil(capacity_factor * M / N) requests per owner and
         round (M: a device's id slots of a table); more rounds when exceeded.
+      fuse_tables: routed tables of one dimension share one exchange per direction,
+        replicated tables one all-reduce (embedding/fused.py); False: each table its
+        own (the results are the same; for comparisons).
     """
 
     batch_axis: str | None = None
@@ -101,6 +104,7 @@ class Collectives:
     num_replicas: int = 1
     routing: Literal["auto", "owners", "all_gather"] = "auto"
     capacity_factor: float = 2.0
+    fuse_tables: bool = True
 
     def __post_init__(self) -> None:
         if self.routing not in ("auto", "owners", "all_gather"):
@@ -253,7 +257,7 @@ def _lookup_routed(
     """The activations of the features of the `routed` tables: one routing per group of
     tables of one dimension (embedding/fused.py)."""
     out = {}
-    for group in fused.groups(spec, table_layouts(spec, coll.num_shards), tables, routed):
+    for group in fused.groups(spec, table_layouts(spec, coll.num_shards), tables, routed, coll.fuse_tables):
         out.update(fused.lookup(spec, group, tables, ids, weights, coll.batch_axis, coll.capacity_factor))
     return out
 
@@ -316,7 +320,7 @@ def apply_local(
     """
     new_tables, new_slots = {}, {}
     routed = [t for t in spec.tables if routes(spec, coll, t, ids)]
-    for group in fused.groups(spec, table_layouts(spec, coll.num_shards), tables, routed):
+    for group in fused.groups(spec, table_layouts(spec, coll.num_shards), tables, routed, coll.fuse_tables):
         group_tables, group_slots = fused.apply(
             spec, group, tables, slots, ids, weights, activation_grads, step, coll.batch_axis,
             coll.capacity_factor, grad_scale,
@@ -325,10 +329,10 @@ def apply_local(
         new_slots.update(group_slots)
     plans = table_plans(spec, coll.num_shards)
     replicated = [t for t in spec.tables if coll.batch_axis is not None and plans[t] == "replicated"]
-    dense = (
-        fused.replicated_gradients(spec, replicated, ids, weights, activation_grads, grad_scale, coll.batch_axis)
-        if replicated else {}
-    )
+    dense = {}
+    for names in [replicated] if coll.fuse_tables else [[t] for t in replicated]:
+        dense.update(fused.replicated_gradients(spec, names, ids, weights, activation_grads, grad_scale,
+                                                coll.batch_axis))
     for table in spec.tables:
         if table in new_tables:
             continue
