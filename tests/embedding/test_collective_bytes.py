@@ -22,7 +22,8 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 from tpu_estimator.embedding import AdagradParameters, EmbeddingConfigSpec, FeatureConfig, TableConfig
-from tpu_estimator.embedding.lookup import Collectives, routes
+from tpu_estimator.embedding import fused
+from tpu_estimator.embedding.lookup import Collectives, routes, table_layouts
 from tpu_estimator.embedding.replica import lookup_in_replica, state_specs, update_in_replica
 from tpu_estimator.embedding.sharded import ShardedTables
 
@@ -161,3 +162,24 @@ def test_tables_of_one_dimension_share_one_exchange(compiled_hlo, per_device_byt
     single = per_device_bytes["owners", 8]["all-to-all"]
     grouped = collective_bytes(hlo)["all-to-all"]
     assert 4.4 * single < grouped < 4.7 * single, (grouped, single)
+
+
+def test_groups_are_by_dimension_in_the_spec_order_and_fit_int32_ids():
+    """A group's storage index is an int32: tables whose rows together pass 2**31 - 2 start
+    another group of their dimension; `fuse_tables=False`: one group per table."""
+    spec = EmbeddingConfigSpec(
+        feature_to_config_dict={f"f{i}": FeatureConfig(f"t{i}") for i in range(5)},
+        table_to_config_dict={
+            "t0": TableConfig(900_000_000, 4), "t1": TableConfig(900_000_000, 4), "t2": TableConfig(900_000_000, 4),
+            "t3": TableConfig(10, 8, sharding="row"), "t4": TableConfig(10, 4, sharding="row"),
+        },
+        optimization_parameters=AdagradParameters(0.1),
+    )
+    layouts, blocks = table_layouts(spec, 8), {t: jnp.zeros((1, 4), jnp.float32) for t in spec.tables}
+    grouped = fused.groups(spec, layouts, blocks, list(spec.tables))
+    assert [g.tables for g in grouped] == [("t0", "t1"), ("t2", "t4"), ("t3",)]
+    assert all(g.storage_rows <= fused.MAX_ROWS for g in grouped)
+    assert grouped[1].offsets == (0, 112_500_000) and grouped[1].rows_per_shard == 112_500_002
+    assert [g.tables for g in fused.groups(spec, layouts, blocks, list(spec.tables), False)] == [
+        (t,) for t in spec.tables
+    ]

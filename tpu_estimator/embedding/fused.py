@@ -39,6 +39,9 @@ from tpu_estimator.embedding.config import EmbeddingConfigSpec
 from tpu_estimator.embedding.layout import TableLayout
 
 
+MAX_ROWS = 2**31 - 2  # a group's storage rows, and its padding index, fit the int32 ids
+
+
 @dataclasses.dataclass(frozen=True)
 class TableGroup:
     """Tables whose blocks sit one after another on each of `num_shards` devices.
@@ -103,12 +106,16 @@ class TableGroup:
 def groups(spec: EmbeddingConfigSpec, layouts: dict[str, TableLayout], tables: dict[str, Any],
            routed: list[str], fuse: bool = True) -> list[TableGroup]:
     """The `routed` tables grouped by (dimension, dtype of their block in `tables`), in the
-    spec's order (`fuse=False`: one group per table)."""
-    keyed: dict[Any, list[str]] = {}
+    spec's order (`fuse=False`: one group per table); a group holds at most `MAX_ROWS`
+    storage rows (its int32 ids), the next table of its key starting another."""
+    keyed: dict[Any, list[list[str]]] = {}
     for name in routed:
         key = (spec.tables[name].dimension, jnp.dtype(tables[name].dtype)) if fuse else name
-        keyed.setdefault(key, []).append(name)
-    return [TableGroup(tuple(names), tuple(layouts[n] for n in names)) for names in keyed.values()]
+        runs = keyed.setdefault(key, [[]])
+        if runs[-1] and sum(layouts[n].storage_rows for n in runs[-1]) + layouts[name].storage_rows > MAX_ROWS:
+            runs.append([])
+        runs[-1].append(name)
+    return [TableGroup(tuple(names), tuple(layouts[n] for n in names)) for runs in keyed.values() for names in runs]
 
 
 def _route(spec: EmbeddingConfigSpec, group: TableGroup, ids: dict[str, Any], axis: str,
