@@ -2,11 +2,20 @@
 
     .venv/bin/python benchmarks/embedding.py [--rounds N] [--quick] [--with-row]
     .venv/bin/python benchmarks/embedding.py --scaling [--rounds N]
+    .venv/bin/python benchmarks/embedding.py --big-batch [--rounds N]
+    .venv/bin/python benchmarks/embedding.py --compile [--rounds N]
 
 `--scaling` prints only a weak-scaling table instead (`weak_scaling`): the
 per-replica embedding step at 1, 2, 4, 8 devices with a fixed per-device batch,
 ids routed to owners vs the global batch all-gathered vs replicated tables;
-collective bytes per device from the compiled HLO and ms/step.
+collective bytes per device from the compiled HLO and ms/step. `--big-batch`: the
+same step on 8 devices with a global batch of 8,192, routed vs all-gathered, the
+per-round ratio. `--compile`: seconds to compile the per-replica train step of
+26 row-sharded tables (the DLRM example's sizes), all routed. `--fusion [--quick]`:
+the embedding step alone (lookup, gradients, update; no dense layers), routed
+tables of one dimension in one exchange vs each table its own (`Collectives(
+fuse_tables=...)`), planner's plans and every table 'row', against replicated
+`jnp.take`, interleaved in one process; compile seconds.
 
 The same model and the same global batches, on 8 fake CPU devices: 4 tables
 (100,000 x 32, 50,000 x 32, 10,000 x 16, 1,000 x 16; `--quick` divides the
@@ -318,11 +327,11 @@ def scaling_program(n: int, form: str):
     return program, jax.device_put(state, sharding), mesh
 
 
-def scaling_batches(n: int, mesh, count: int = 4) -> list:
+def scaling_batches(n: int, mesh, count: int = 4, per_device: int = SCALE_PER_DEVICE) -> list:
     rng = np.random.RandomState(n)
     out = []
     for _ in range(count):
-        b = n * SCALE_PER_DEVICE
+        b = n * per_device
         ids = {f"f{i}": rng.randint(0, SCALE_TABLE[0], (b, SCALE_WIDTH)).astype(np.int32)
                for i in range(SCALE_FEATURES)}
         for v in ids.values():
@@ -366,20 +375,216 @@ def weak_scaling(rounds: int) -> None:
         del made
 
 
+# ---------------------------------------------------------------- a global batch of 8,192 (--big-batch)
+
+BIG_PER_DEVICE = 1024  # x 8 devices: the issue's global batch of 8,192
+
+
+def big_batch(rounds: int) -> None:
+    """The weak-scaling step on 8 devices with 1,024 examples each: ids routed to owners vs
+    the global batch all-gathered, interleaved; the per-round ratio of their step times."""
+    forms, n = ("routed", "all_gather"), 8
+    print(f"global batch {n * BIG_PER_DEVICE:,} on {n} devices: jax {jax.__version__}, one table "
+          f"{SCALE_TABLE[0]:,} x {SCALE_TABLE[1]} ('mod'), {SCALE_FEATURES} features of width {SCALE_WIDTH}, "
+          f"Adagrad; {SCALE_STEPS} steps per timed call, {rounds} interleaved rounds", flush=True)
+    made = {}
+    for form in forms:
+        program, state, mesh = scaling_program(n, form)
+        batches = scaling_batches(n, mesh, per_device=BIG_PER_DEVICE)
+        state = program(state, *batches[0], jnp.int32(0))
+        jax.block_until_ready(state)
+        made[form] = [program, state, batches]
+    times = {form: [] for form in forms}
+    for r in range(rounds):
+        for form in forms[r % 2:] + forms[: r % 2]:
+            program, state, batches = made[form]
+            t = time.perf_counter()
+            for i in range(SCALE_STEPS):
+                state = program(state, *batches[i % len(batches)], jnp.int32(i))
+            jax.block_until_ready(state)
+            times[form].append((time.perf_counter() - t) / SCALE_STEPS * 1e3)
+            made[form][1] = state
+    for form in forms:
+        ms = np.array(times[form])
+        print(f"{form:>11} ms/step median {np.median(ms):.1f} [{ms.min():.1f}-{ms.max():.1f}]")
+    ratio = np.array(times["all_gather"]) / np.array(times["routed"])
+    print(f"all_gather / routed step time, per round: median {np.median(ratio):.2f} "
+          f"[{ratio.min():.2f}-{ratio.max():.2f}] (> 1: routed faster)", flush=True)
+
+
+# ---------------------------------------------------------------- fused vs per-table exchanges (--fusion)
+
+
+def fusion_program(shapes: dict, sharding: str | None, fuse: bool):
+    """(jitted embedding step (state, ids, labels, step) -> state, initial state, compile s) of
+    `shapes`' tables on 8 devices as the estimator's per-replica step runs them (plans by the
+    planner, or every table `sharding`; routing "auto"), tables fused or each on its own."""
+    from tpu_estimator.embedding.lookup import Collectives
+    from tpu_estimator.embedding.replica import lookup_in_replica, state_specs, update_in_replica
+    from tpu_estimator.embedding.sharded import ShardedTables
+
+    spec, n = embedding_spec(shapes, sharding), jax.device_count()
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    tables = ShardedTables(spec, mesh, batch_axis="data", table_axes=("data",))
+    coll = Collectives("data", ("data",), n, n, fuse_tables=fuse)
+    state = tables.init(jax.random.PRNGKey(0))
+
+    def step(state, ids, labels, step):
+        acts = lookup_in_replica(spec, coll, state, ids, {})
+        grads = jax.grad(lambda a: scaling_loss(a, labels))(acts)
+        return update_in_replica(spec, coll, state, ids, {}, grads, step)
+
+    specs = state_specs(state, tables.plans)
+    data = P("data")
+    program = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(specs, data, data, P()), out_specs=specs,
+                                    check_vma=False), donate_argnums=0)
+    return program, state, mesh
+
+
+def replicated_program(shapes: dict):
+    """The same step with every table replicated: `jnp.take`, the dense gradients `pmean`ed,
+    `optax.adagrad` (the hand-written form, per replica)."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    tx, key = optax.adagrad(LR), jax.random.PRNGKey(0)
+    embed = {k: jax.random.normal(jax.random.fold_in(key, i), (v, d)) / np.sqrt(d)
+             for i, (k, (v, d, _)) in enumerate(shapes.items())}
+
+    def step(state, ids, labels, step):
+        params, opt = state
+        loss = lambda p: scaling_loss({k: lookup(p[k], v) for k, v in ids.items()}, labels)  # noqa: E731
+        grads = jax.lax.pmean(jax.grad(loss)(params), "data")
+        updates, opt = tx.update(grads, opt, params)
+        return optax.apply_updates(params, updates), opt
+
+    program = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P("data"), P("data"), P()), out_specs=P(),
+                                    check_vma=False), donate_argnums=0)
+    state = jax.device_put((embed, tx.init(embed)), NamedSharding(mesh, P()))
+    return program, state, mesh
+
+
+def fusion(shapes: dict, rounds: int) -> None:
+    """The embedding step alone (no dense layers) of the benchmark's tables on 8 devices:
+    tables fused vs each table's own exchange (`Collectives(fuse_tables=...)`), with the
+    planner's plans and with every table 'row', against replicated `jnp.take`; interleaved
+    in one process; compile seconds of each."""
+    contenders = {
+        "planner, fused": (None, True), "planner, per table": (None, False),
+        "every table 'row', fused": ("row", True), "every table 'row', per table": ("row", False),
+        "replicated jnp.take": None,
+    }
+    print(f"embedding step alone: jax {jax.__version__}, {jax.device_count()} devices, global batch {BATCH}, "
+          f"{SCALE_STEPS} steps per timed call, {rounds} interleaved rounds; tables (rows x dim, ids/example): "
+          + ", ".join(f"{v:,}x{d} ({w})" for v, d, w in shapes.values()), flush=True)
+    made, compile_s = {}, {}
+    raw = make_batches(shapes, 4)
+    for name, how in contenders.items():
+        program, state, mesh = replicated_program(shapes) if how is None else fusion_program(shapes, *how)
+        batches = [jax.device_put((f, y), NamedSharding(mesh, P("data"))) for f, y in raw]
+        t = time.perf_counter()
+        program = program.lower(state, *batches[0], jnp.int32(0)).compile()
+        compile_s[name] = time.perf_counter() - t
+        state = program(state, *batches[0], jnp.int32(0))
+        jax.block_until_ready(state)
+        made[name] = [program, state, batches]
+    names = list(contenders)
+    times = {k: [] for k in names}
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[: r % len(names)]:
+            program, state, batches = made[k]
+            t = time.perf_counter()
+            for i in range(SCALE_STEPS):
+                state = program(state, *batches[i % len(batches)], jnp.int32(i))
+            jax.block_until_ready(state)
+            times[k].append((time.perf_counter() - t) / SCALE_STEPS * 1e3)
+            made[k][1] = state
+    reference = np.array(times["replicated jnp.take"])
+    print(f"{'contender':30} {'ms/step median [min-max]':>26} {'/ replicated jnp.take':>24} {'compile s':>10}")
+    for k in names:
+        ms, ratio = np.array(times[k]), reference / np.array(times[k])
+        print(f"{k:30} {np.median(ms):>12.2f} [{ms.min():.2f}-{ms.max():.2f}] {np.median(ratio):>12.2f} "
+              f"[{ratio.min():.2f}-{ratio.max():.2f}] {compile_s[k]:>8.1f}")
+    for plan in ("planner", "every table 'row'"):
+        ratio = np.array(times[f"{plan}, per table"]) / np.array(times[f"{plan}, fused"])
+        print(f"{plan}: per-table / fused step time, per round: median {np.median(ratio):.2f} "
+              f"[{ratio.min():.2f}-{ratio.max():.2f}] (> 1: fused faster)", flush=True)
+
+
+# ---------------------------------------------------------------- compile time (--compile)
+
+
+def compile_spec() -> te.EmbeddingConfigSpec:
+    """The DLRM example's 26 tables (10 ... 1,000,000 rows spaced geometrically; dimension 16,
+    32 or 64 by size), one feature each, every table row-sharded (so every one is routed)."""
+    vocab = [int(v) for v in np.geomspace(10, 1e6, 26)]
+    dims = [16 if v < 1_000 else 32 if v < 100_000 else 64 for v in vocab]
+    return te.EmbeddingConfigSpec(
+        feature_to_config_dict={f"c{i}": te.FeatureConfig(f"c{i}") for i in range(26)},
+        table_to_config_dict={f"c{i}": te.TableConfig(v, d, sharding="row") for i, (v, d) in enumerate(zip(vocab, dims))},
+        optimization_parameters=te.AdagradParameters(LR),
+    )
+
+
+def compile_time(rounds: int) -> None:
+    """Seconds to `lower().compile()` the per-replica train step of `compile_spec` on 8
+    devices (32 examples per device, ids routed to owners), and its all-to-alls in the HLO."""
+    from tpu_estimator.embedding.lookup import Collectives
+    from tpu_estimator.embedding.replica import lookup_in_replica, state_specs, update_in_replica
+    from tpu_estimator.embedding.sharded import ShardedTables
+
+    spec, n = compile_spec(), 8
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:n]), ("data",))
+    tables = ShardedTables(spec, mesh, batch_axis="data", table_axes=("data",))
+    coll = Collectives("data", ("data",), n, n, routing="owners")
+    state = jax.eval_shape(lambda: tables.build(jax.random.PRNGKey(0)))
+
+    def step(state, ids, step):
+        acts = lookup_in_replica(spec, coll, state, ids, {})
+        grads = jax.grad(lambda a: sum(jnp.sum(jnp.tanh(x)) for x in a.values()))(acts)
+        return update_in_replica(spec, coll, state, ids, {}, grads, step)
+
+    specs = state_specs(state, tables.plans)
+    ids = {f: jax.ShapeDtypeStruct((n * 32, 1), jnp.int32) for f in spec.features}
+    seconds = []
+    for _ in range(rounds):
+        program = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(specs, P("data"), P()), out_specs=specs,
+                                        check_vma=False))
+        t = time.perf_counter()
+        hlo = program.lower(state, ids, jax.ShapeDtypeStruct((), jnp.int32)).compile().as_text()
+        seconds.append(time.perf_counter() - t)
+        jax.clear_caches()
+    all_to_alls = len(re.findall(r" all-to-all(?:-start)?\(", hlo))
+    s = np.array(seconds)
+    print(f"compile, 26 routed tables on {n} devices (jax {jax.__version__}, {te.__file__}): median "
+          f"{np.median(s):.1f} s [{s.min():.1f}-{s.max():.1f}] over {rounds}; all-to-alls in the HLO: {all_to_alls}",
+          flush=True)
+
+
 # ---------------------------------------------------------------- driver
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="vocabularies / 10, 3 rounds")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5; --quick: 3)")
+    parser.add_argument("--quick", action="store_true", help="vocabularies / 10, 3 rounds unless --rounds")
     parser.add_argument("--scaling", action="store_true", help="only the weak-scaling table (1, 2, 4, 8 devices)")
     parser.add_argument("--with-row", action="store_true", help="also ours with every table row-sharded")
+    parser.add_argument("--big-batch", action="store_true", help="only routed vs all-gathered at a global batch of 8,192")
+    parser.add_argument("--compile", action="store_true", help="only the compile time of 26 routed tables")
+    parser.add_argument("--fusion", action="store_true", help="only the embedding step: fused vs per-table exchanges")
     args = parser.parse_args(argv)
+    rounds = args.rounds if args.rounds is not None else 3 if args.quick else 5
     if args.scaling:
-        weak_scaling(args.rounds)
+        weak_scaling(rounds)
         return 0
-    rounds = 3 if args.quick else args.rounds
+    if args.big_batch:
+        big_batch(rounds)
+        return 0
+    if args.compile:
+        compile_time(rounds)
+        return 0
+    if args.fusion:
+        fusion(tables(args.quick), rounds)
+        return 0
     shapes = tables(args.quick)
     batches = make_batches(shapes, STEPS)
     t0 = time.perf_counter()

@@ -22,7 +22,8 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 from tpu_estimator.embedding import AdagradParameters, EmbeddingConfigSpec, FeatureConfig, TableConfig
-from tpu_estimator.embedding.lookup import Collectives, routes
+from tpu_estimator.embedding import fused
+from tpu_estimator.embedding.lookup import Collectives, routes, table_layouts
 from tpu_estimator.embedding.replica import lookup_in_replica, state_specs, update_in_replica
 from tpu_estimator.embedding.sharded import ShardedTables
 
@@ -44,9 +45,9 @@ def _shape_bytes(text: str) -> int:
     return sum(_BYTES[t] * int(np.prod([int(d) for d in dims.split(",") if d])) for t, dims in _SHAPE.findall(text))
 
 
-def collective_bytes(hlo: str) -> dict[str, int]:
-    """op -> summed max(operand bytes, result bytes) over the module's collectives (every
-    computation: loop bodies and conditional branches count once each)."""
+def collective_ops(hlo: str) -> list[tuple[str, int]]:
+    """(op, max(operand bytes, result bytes)) of each collective instruction of the module
+    (every computation: loop bodies and conditional branches count once each)."""
     shapes, ops = {}, []
     for line in hlo.splitlines():
         m = _INSTRUCTION.match(line)
@@ -56,36 +57,55 @@ def collective_bytes(hlo: str) -> dict[str, int]:
         shapes[name] = _shape_bytes(result)
         base = op.removesuffix("-start")
         if base in COLLECTIVES and not op.endswith("-done"):
-            ops.append((base, shapes[name], re.findall(r"%([\w.\-]+)", rest.split("),")[0])))
+            operands = re.findall(r"%([\w.\-]+)", rest.split("),")[0])
+            ops.append((base, max(shapes[name], sum(shapes.get(o, 0) for o in operands))))
+    return ops
+
+
+def collective_bytes(hlo: str) -> dict[str, int]:
+    """op -> summed max(operand bytes, result bytes) over the module's collectives."""
     out: dict[str, int] = {}
-    for op, result, operands in ops:
-        out[op] = out.get(op, 0) + max(result, sum(shapes.get(o, 0) for o in operands))
+    for op, size in collective_ops(hlo):
+        out[op] = out.get(op, 0) + size
     return out
 
 
-def compiled_step_hlo(num_devices: int, routing: str) -> str:
+def collective_counts(hlo: str) -> dict[str, int]:
+    """op -> how many collective instructions of it the module holds."""
+    out: dict[str, int] = {}
+    for op, _ in collective_ops(hlo):
+        out[op] = out.get(op, 0) + 1
+    return out
+
+
+def compiled_step_hlo(num_devices: int, routing: str, spec: EmbeddingConfigSpec = SPEC) -> str:
     mesh = Mesh(np.array(jax.devices()[:num_devices]), ("data",))
-    tables = ShardedTables(SPEC, mesh, batch_axis="data", table_axes=("data",))
+    tables = ShardedTables(spec, mesh, batch_axis="data", table_axes=("data",))
     coll = Collectives("data", ("data",), num_devices, num_devices, routing=routing)
     state = jax.eval_shape(lambda: tables.build(jax.random.PRNGKey(0)))
 
     def step(state, ids, step):
-        acts = lookup_in_replica(SPEC, coll, state, ids, {})
+        acts = lookup_in_replica(spec, coll, state, ids, {})
         loss = lambda acts: sum(jnp.sum(jnp.tanh(a)) for a in acts.values())  # noqa: E731
-        return update_in_replica(SPEC, coll, state, ids, {}, jax.grad(loss)(acts), step)
+        return update_in_replica(spec, coll, state, ids, {}, jax.grad(loss)(acts), step)
 
     specs = state_specs(state)
     program = jax.jit(
         jax.shard_map(step, mesh=mesh, in_specs=(specs, P("data"), P()), out_specs=specs, check_vma=False)
     )
-    ids = {f: jax.ShapeDtypeStruct((num_devices * PER_DEVICE, WIDTH), jnp.int32) for f in SPEC.features}
+    ids = {f: jax.ShapeDtypeStruct((num_devices * PER_DEVICE, WIDTH), jnp.int32) for f in spec.features}
     return program.lower(state, ids, jax.ShapeDtypeStruct((), jnp.int32)).compile().as_text()
 
 
 @pytest.fixture(scope="module")
-def per_device_bytes():
+def compiled_hlo():
     runs = [("owners", 2), ("owners", 4), ("owners", 8), ("all_gather", 2), ("all_gather", 8)]
-    return {run: collective_bytes(compiled_step_hlo(run[1], run[0])) for run in runs}
+    return {run: compiled_step_hlo(run[1], run[0]) for run in runs}
+
+
+@pytest.fixture(scope="module")
+def per_device_bytes(compiled_hlo):
+    return {run: collective_bytes(hlo) for run, hlo in compiled_hlo.items()}
 
 
 def test_routed_bytes_per_device_are_flat_in_the_device_count(per_device_bytes):
@@ -118,3 +138,48 @@ def test_auto_routing_picks_the_scheme_the_hlo_says_moves_fewer_bytes(per_device
     many = Collectives("data", ("data",), 256, 256)  # a pod: routing's bytes are flat, the all-gather's x N
     assert routes(SPEC, many, "t", {f: jnp.zeros((PER_DEVICE, WIDTH), jnp.int32) for f in SPEC.features})
     assert not routes(SPEC, Collectives("data", ("data",), 256, 256, routing="all_gather"), "t", ids)
+
+
+def test_tables_of_one_dimension_share_one_exchange(compiled_hlo, per_device_bytes):
+    """4 row-sharded tables of dimension 16 (and one of dimension 8) routed on 8 devices:
+    the compiled step holds the all-to-alls of ONE table's routing for the four
+    (embedding/fused.py), plus one routing for the other dimension (each table alone: 5x);
+    fusing adds no bytes: the buffers hold the group's ids (C from their sum)."""
+    features = {f"f{i}": FeatureConfig(f"t{i % 5}") for i in range(10)}
+    tables = {f"t{i}": TableConfig(20_000 - 1_000 * i, 16 if i < 4 else 8, sharding="row") for i in range(5)}
+    spec = EmbeddingConfigSpec(
+        feature_to_config_dict=features, table_to_config_dict=tables,
+        optimization_parameters=AdagradParameters(0.1), partition_strategy="mod",
+    )
+    one = collective_counts(compiled_hlo["owners", 8])
+    hlo = compiled_step_hlo(8, "owners", spec)
+    assert one["all-to-all"] == 6, one  # forward: ids out, rows back; backward: one round, or rounds
+    counts = collective_counts(hlo)  # (the groups' rounds all-reduces: combined by XLA into one)
+    assert set(counts) == {"all-to-all", "all-reduce"} and counts["all-to-all"] == 2 * one["all-to-all"], counts
+    # the dimension-16 group carries 8 features' ids (2 per table, as SPEC's one table): 4x
+    # SPEC's buffers, as the four tables routed alone; the dimension-8 group's rows are half
+    # as wide as SPEC's (ids as many): 0.53x
+    single = per_device_bytes["owners", 8]["all-to-all"]
+    grouped = collective_bytes(hlo)["all-to-all"]
+    assert 4.4 * single < grouped < 4.7 * single, (grouped, single)
+
+
+def test_groups_are_by_dimension_in_the_spec_order_and_fit_int32_ids():
+    """A group's storage index is an int32: tables whose rows together pass 2**31 - 2 start
+    another group of their dimension; `fuse_tables=False`: one group per table."""
+    spec = EmbeddingConfigSpec(
+        feature_to_config_dict={f"f{i}": FeatureConfig(f"t{i}") for i in range(5)},
+        table_to_config_dict={
+            "t0": TableConfig(900_000_000, 4), "t1": TableConfig(900_000_000, 4), "t2": TableConfig(900_000_000, 4),
+            "t3": TableConfig(10, 8, sharding="row"), "t4": TableConfig(10, 4, sharding="row"),
+        },
+        optimization_parameters=AdagradParameters(0.1),
+    )
+    layouts, blocks = table_layouts(spec, 8), {t: jnp.zeros((1, 4), jnp.float32) for t in spec.tables}
+    grouped = fused.groups(spec, layouts, blocks, list(spec.tables))
+    assert [g.tables for g in grouped] == [("t0", "t1"), ("t2", "t4"), ("t3",)]
+    assert all(g.storage_rows <= fused.MAX_ROWS for g in grouped)
+    assert grouped[1].offsets == (0, 112_500_000) and grouped[1].rows_per_shard == 112_500_002
+    assert [g.tables for g in fused.groups(spec, layouts, blocks, list(spec.tables), False)] == [
+        (t,) for t in spec.tables
+    ]

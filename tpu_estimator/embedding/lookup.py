@@ -11,14 +11,17 @@ all-gather's grow with N, so small meshes and wide tables with few ids keep
 the all-gather); "owners" routes every table it can, "all_gather" none.
 
 routed to owners
-  forward, per table: the device deduplicates its own examples' ids (all the
-  table's features: at most M = b x ids per example), sends each unique id to
+  forward, per group of routed tables of one dimension (embedding/fused.py: one
+  exchange for the group, the tables' ids tagged by their offset in it), the
+  device deduplicates its own examples' ids (all the group's features: at most
+  M = b x ids per example), sends each unique id to
   the device owning its row and gets the row back (two `all_to_all`s of
   `[N, C]` ids and `[N, C, dim]` rows, C ~ capacity_factor*M/N: about
   capacity_factor*M ids and rows per device at any N), and combines the rows
   per example locally with the combiner's coefficients;
   backward: the per-id gradients summed per unique id travel to the owners
-  the same way; the owner sums them per row and updates those rows lazily.
+  the same way (one exchange per group); the owner sums them per row and
+  updates those rows lazily, each table by its own rule.
   Exact: when one owner gets more than C of a device's ids, more rounds run
   (agreed over the devices); see embedding/routing.py for the rounds and the
   worst case (about the all-gather scheme's bytes, N/capacity_factor rounds).
@@ -46,7 +49,8 @@ than the batch, e.g. a ("data", "model") mesh)
 Tables whose plan (embedding/plan.py) is not "row" hold every row on each device
 (one-shard layouts): "replicated" ones run the all-gather code on this replica's
 examples alone (no collective forward); the backward adds the replica's id
-gradients into a dense [V, dim] gradient, all-reduced with the rows touched, and
+gradients into a dense [V, dim] gradient, all-reduced with the rows touched (one
+all-reduce for every replicated table, embedding/fused.py), and
 every device applies the same lazy update (as data parallelism with dense table
 gradients; bytes flat in N); "column" ones gather the global batch, combine this
 device's columns and `all_to_all` the [B, dim/N] partials into each replica's
@@ -66,7 +70,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from tpu_estimator.api.checks import message
-from tpu_estimator.embedding import routing, updates
+from tpu_estimator.embedding import fused, routing, updates
+from tpu_estimator.embedding.coefficients import coefficients
 from tpu_estimator.embedding.config import EmbeddingConfigSpec
 from tpu_estimator.embedding.layout import TableLayout
 from tpu_estimator.embedding.plan import table_plans
@@ -88,6 +93,9 @@ class Collectives:
         every device sees the global batch's ids.
       capacity_factor: C = ceil(capacity_factor * M / N) requests per owner and
         round (M: a device's id slots of a table); more rounds when exceeded.
+      fuse_tables: routed tables of one dimension share one exchange per direction,
+        replicated tables one all-reduce (embedding/fused.py); False: each table its
+        own (the results are the same; for comparisons).
     """
 
     batch_axis: str | None = None
@@ -96,6 +104,7 @@ class Collectives:
     num_replicas: int = 1
     routing: Literal["auto", "owners", "all_gather"] = "auto"
     capacity_factor: float = 2.0
+    fuse_tables: bool = True
 
     def __post_init__(self) -> None:
         if self.routing not in ("auto", "owners", "all_gather"):
@@ -161,22 +170,6 @@ def table_layouts(spec: EmbeddingConfigSpec, num_shards: int) -> dict[str, Table
     }
 
 
-def _coefficients(spec: EmbeddingConfigSpec, feature: str, ids: Any, weights: Any) -> Any:
-    """[B, width] weight of each id in its example's activation (0 for padding)."""
-    valid = ids >= 0
-    w = jnp.where(valid, 1.0 if weights is None else weights.astype(jnp.float32), 0.0)
-    if spec.features[feature].max_sequence_length:
-        return w
-    combiner = spec.table_of(feature).combiner
-    if combiner == "mean":
-        total = w.sum(axis=1, keepdims=True)
-        return w / jnp.where(total == 0, 1.0, total)
-    if combiner == "sqrtn":
-        norm = jnp.sqrt((w * w).sum(axis=1, keepdims=True))
-        return w / jnp.where(norm == 0, 1.0, norm)
-    return w
-
-
 def _owned(layout: TableLayout, ids: Any, shard: Any) -> tuple[Any, Any]:
     """(mask of the ids this shard owns, their local rows; 0 where not owned)."""
     owner, row = layout.place(jnp.maximum(ids, 0))
@@ -207,7 +200,7 @@ def lookup_local(
         all_ids = gather(ids[feature])
         w = weights.get(feature)
         all_w = None if w is None else gather(w)
-        coef = _coefficients(spec, feature, all_ids, all_w)
+        coef = coefficients(spec, feature, all_ids, all_w)
         mine, rows = _owned(layouts[table], all_ids, coll.shard_index() if plan == "row" else 0)
         local = tables[table]
         gathered = jnp.take(local, rows, axis=0).astype(jnp.float32)  # [B, width, dim]
@@ -257,35 +250,15 @@ def routes(spec: EmbeddingConfigSpec, coll: Collectives, table: str, ids: dict[s
     return estimate["owners"] < estimate["all_gather"]
 
 
-def _table_route(spec: EmbeddingConfigSpec, coll: Collectives, table: str, ids: dict[str, Any]) -> tuple[Any, ...]:
-    """(layout, capacity, route) of this device's ids of `table` (its features' ids flattened
-    in `spec.features_of(table)` order)."""
-    layout = table_layouts(spec, coll.num_shards)[table]
-    flat = jnp.concatenate([ids[f].reshape(-1) for f in spec.features_of(table)])
-    cap = routing.capacity(flat.shape[0], coll.num_shards, coll.capacity_factor)
-    return layout, cap, routing.plan(layout, flat, coll.batch_axis, cap)
-
-
 def _lookup_routed(
     spec: EmbeddingConfigSpec, coll: Collectives, tables: dict[str, Any], ids: dict[str, Any],
     weights: dict[str, Any], routed: list[str],
 ) -> dict[str, Any]:
-    """The activations of the features of the `routed` tables."""
+    """The activations of the features of the `routed` tables: one routing per group of
+    tables of one dimension (embedding/fused.py)."""
     out = {}
-    for table in routed:
-        features = spec.features_of(table)
-        layout, cap, route = _table_route(spec, coll, table, ids)
-        local = tables[table]
-        rows = routing.fetch_rows(route, layout, local, coll.batch_axis, cap)  # [M, dim]
-        start = 0
-        for feature in features:
-            shape = ids[feature].shape
-            inverse = route.inverse[start : start + ids[feature].size].reshape(shape)
-            start += ids[feature].size
-            coef = _coefficients(spec, feature, ids[feature], weights.get(feature))
-            scaled = rows[inverse].astype(jnp.float32) * coef[..., None]
-            combined = scaled if spec.features[feature].max_sequence_length else scaled.sum(axis=1)
-            out[feature] = combined.astype(local.dtype)
+    for group in fused.groups(spec, table_layouts(spec, coll.num_shards), tables, routed, coll.fuse_tables):
+        out.update(fused.lookup(spec, group, tables, ids, weights, coll.batch_axis, coll.capacity_factor))
     return out
 
 
@@ -311,7 +284,7 @@ def row_gradients_local(
         w = weights.get(feature)
         all_w = None if w is None else coll.gather_batch(w)
         g = to_global(activation_grads[feature]).astype(jnp.float32) * grad_scale
-        coef = _coefficients(spec, feature, all_ids, all_w)
+        coef = coefficients(spec, feature, all_ids, all_w)
         if not spec.features[feature].max_sequence_length:
             g = g[:, None, :]
         per_id = coef[..., None] * g  # [B, width, dim]
@@ -346,61 +319,28 @@ def apply_local(
     one replica's loss, as train_step's dense gradients are averaged).
     """
     new_tables, new_slots = {}, {}
+    routed = [t for t in spec.tables if routes(spec, coll, t, ids)]
+    for group in fused.groups(spec, table_layouts(spec, coll.num_shards), tables, routed, coll.fuse_tables):
+        group_tables, group_slots = fused.apply(
+            spec, group, tables, slots, ids, weights, activation_grads, step, coll.batch_axis,
+            coll.capacity_factor, grad_scale,
+        )
+        new_tables.update(group_tables)
+        new_slots.update(group_slots)
+    plans = table_plans(spec, coll.num_shards)
+    replicated = [t for t in spec.tables if coll.batch_axis is not None and plans[t] == "replicated"]
+    dense = {}
+    for names in [replicated] if coll.fuse_tables else [[t] for t in replicated]:
+        dense.update(fused.replicated_gradients(spec, names, ids, weights, activation_grads, grad_scale,
+                                                coll.batch_axis))
     for table in spec.tables:
+        if table in new_tables:
+            continue
         rule = updates.TableRule(spec, table, step)
         local, local_slots = tables[table], slots.get(table, {})
-        if routes(spec, coll, table, ids):
-            layout, cap, route = _table_route(spec, coll, table, ids)
-            per_id = jnp.concatenate(
-                [_id_gradients(spec, f, ids, weights, activation_grads, grad_scale) for f in spec.features_of(table)]
-            )
-            summed = jax.ops.segment_sum(per_id, route.inverse, num_segments=route.unique.shape[0])
-            axis = coll.batch_axis
-
-            def once(local: Any, local_slots: Any) -> Any:
-                unique, grads = routing.send_gradients_once(route, layout, summed, axis, cap)
-                return rule.rows(local, local_slots, unique, grads)
-
-            def rounds(local: Any, local_slots: Any) -> Any:
-                dense, touched = routing.send_gradients_dense(route, layout, summed, axis, cap)
-                return rule.dense(local, local_slots, dense, touched)
-
-            new_tables[table], new_slots[table] = lax.cond(route.rounds <= 1, once, rounds, local, local_slots)
-            continue
-        if coll.batch_axis is not None and table_plans(spec, coll.num_shards)[table] == "replicated":
-            dense, touched = _replicated_gradients(spec, coll, table, ids, weights, activation_grads, grad_scale)
-            new_tables[table], new_slots[table] = rule.dense(local, local_slots, dense, touched)
+        if table in dense:
+            new_tables[table], new_slots[table] = rule.dense(local, local_slots, *dense[table])
             continue
         unique, grads = row_gradients_local(spec, coll, table, ids, weights, activation_grads, grad_scale)
         new_tables[table], new_slots[table] = rule.rows(local, local_slots, unique, grads)
-    return new_tables, new_slots
-
-
-def _replicated_gradients(
-    spec: EmbeddingConfigSpec, coll: Collectives, table: str, ids: dict[str, Any], weights: dict[str, Any],
-    activation_grads: dict[str, Any], grad_scale: float,
-) -> tuple[Any, Any]:
-    """(the dense [V, dim] gradient of a replicated table summed over the replicas, the rows
-    any replica looked up): this replica's id gradients added into a dense table, then one
-    all-reduce (bytes flat in the device count: the table's size, whatever the batch)."""
-    features = spec.features_of(table)
-    vocabulary, dim = spec.tables[table].vocabulary_size, spec.tables[table].dimension
-    per_id = jnp.concatenate([_id_gradients(spec, f, ids, weights, activation_grads, grad_scale) for f in features])
-    flat = jnp.concatenate([ids[f].reshape(-1) for f in features])
-    rows = jnp.where(flat >= 0, flat, vocabulary)  # padding: out of range, dropped
-    dense = jnp.zeros((vocabulary, dim), jnp.float32).at[rows].add(per_id, mode="drop")
-    count = jnp.zeros((vocabulary,), jnp.float32).at[rows].add(1.0, mode="drop")
-    dense, count = lax.psum((dense, count), coll.batch_axis)
-    return dense, count > 0
-
-
-def _id_gradients(
-    spec: EmbeddingConfigSpec, feature: str, ids: dict[str, Any], weights: dict[str, Any],
-    activation_grads: dict[str, Any], grad_scale: float,
-) -> Any:
-    """`[ids[feature].size, dim]`: the gradient of each of this replica's id slots (0 for padding)."""
-    g = activation_grads[feature].astype(jnp.float32) * grad_scale
-    coef = _coefficients(spec, feature, ids[feature], weights.get(feature))
-    if not spec.features[feature].max_sequence_length:
-        g = g[:, None, :]
-    return (coef[..., None] * g).reshape(-1, g.shape[-1])
+    return {t: new_tables[t] for t in spec.tables}, {t: new_slots[t] for t in spec.tables}

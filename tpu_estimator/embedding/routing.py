@@ -1,8 +1,9 @@
 """Ids routed to the devices owning their rows: one device's side of the all-to-alls.
 
 Inside `shard_map` over one axis of N devices, each device both holds 1/N of
-every table (rows) and is one replica (its own examples). For one table, a
-device:
+every table (rows) and is one replica (its own examples). For one table (or a
+group of tables of one dimension whose blocks sit one after another on each
+device, embedding/fused.py: `Shards`, `plan_keys`), a device:
 
 1. deduplicates the ids of its own examples (all features of the table) on
    their storage rows: at most M = examples x ids per example (summed over
@@ -40,13 +41,27 @@ needs the same worst-case bound.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from tpu_estimator.embedding.layout import TableLayout
+
+
+class Shards(Protocol):
+    """Rows over `num_shards` devices, `rows_per_shard` on each: a `TableLayout`, or a group
+    of tables whose blocks sit one after another on each device (embedding/fused.py)."""
+
+    @property
+    def num_shards(self) -> int: ...
+
+    @property
+    def rows_per_shard(self) -> int: ...
+
+    @property
+    def storage_rows(self) -> int: ...
 
 
 class Route(NamedTuple):
@@ -70,15 +85,25 @@ def capacity(num_ids: int, num_shards: int, factor: float) -> int:
     return max(1, min(num_ids, math.ceil(factor * num_ids / num_shards)))
 
 
-def plan(layout: TableLayout, ids: Any, axis: str, cap: int) -> Route:
-    """The route of this device's `ids` (flat `[M]` ints, -1 padding).
-
-    Deduplicated on the storage index (owner * rows_per_shard + local row), so
-    the unique ids come sorted by owner and each one's rank is its position
-    minus its owner's first."""
-    n, size, pad = layout.num_shards, ids.shape[0], layout.storage_rows
+def storage_keys(layout: TableLayout, ids: Any) -> Any:
+    """Each id's storage index (owner * rows_per_shard + local row); `storage_rows` for -1."""
     owner, row = layout.place(jnp.maximum(ids, 0))
-    keyed = jnp.where(ids >= 0, owner * layout.rows_per_shard + row, pad)
+    return jnp.where(ids >= 0, owner * layout.rows_per_shard + row, layout.storage_rows)
+
+
+def plan(layout: TableLayout, ids: Any, axis: str, cap: int) -> Route:
+    """The route of this device's `ids` (flat `[M]` ints, -1 padding) of one table."""
+    return plan_keys(layout, storage_keys(layout, ids), axis, cap)
+
+
+def plan_keys(layout: Shards, keyed: Any, axis: str, cap: int) -> Route:
+    """The route of this device's ids given as storage indices `keyed` (flat `[M]`,
+    `layout.storage_rows` for padding): of one table (`storage_keys`) or of several
+    tables' blocks one after another on each device (embedding/fused.py).
+
+    Deduplicated on the storage index, so the unique ids come sorted by owner and each
+    one's rank is its position minus its owner's first."""
+    n, size, pad = layout.num_shards, keyed.shape[0], layout.storage_rows
     unique, inverse = jnp.unique(keyed, size=size, fill_value=pad, return_inverse=True)
     owner = (unique // layout.rows_per_shard).astype(jnp.int32)  # N for padding
     counts = jnp.zeros(n + 1, jnp.int32).at[owner].add(1)
@@ -108,25 +133,32 @@ def _exchange(buffers: Any, axis: str) -> Any:
     return lax.all_to_all(buffers, axis, split_axis=0, concat_axis=0)
 
 
-def fetch_rows(route: Route, layout: TableLayout, local: Any, axis: str, cap: int) -> Any:
+def fetch_rows(route: Route, layout: Shards, read: Callable[[Any], Any], axis: str, cap: int) -> Any:
     """`[M, dim]` rows of this device's unique ids (zeros for padding), from their owners;
-    `local` is this device's block of the table."""
+    `read(asked)` gives this device's rows `[N, C, dim]` of local rows `asked` `[N, C]`
+    (0 for the out-of-range `rows_per_shard`): `local_rows(block)` for one table."""
     n, pad = layout.num_shards, layout.rows_per_shard
+    like = jax.eval_shape(read, jax.ShapeDtypeStruct((n, cap), jnp.int32))
 
     def one_round(carry: tuple[Any, Any]) -> tuple[Any, Any]:
         k, rows = carry
         inside, dest, slot = _in_round(route, k, n, cap)
         asked = _exchange(_send(route.row, dest, slot, n, cap, pad), axis)  # [N, C] rows others want
-        answers = local.at[asked].get(mode="fill", fill_value=0)  # [N, C, dim]
+        answers = read(asked)  # [N, C, dim]
         got = _exchange(answers, axis)[jnp.where(inside, dest, 0), slot]
         return k + 1, jnp.where(inside[:, None], got, rows)
 
-    rows = jnp.zeros((route.unique.shape[0], local.shape[1]), local.dtype)
+    rows = jnp.zeros((route.unique.shape[0], like.shape[-1]), like.dtype)
     _, rows = lax.while_loop(lambda c: c[0] < route.rounds, one_round, (jnp.int32(0), rows))
     return rows
 
 
-def send_gradients_once(route: Route, layout: TableLayout, grads: Any, axis: str, cap: int) -> tuple[Any, Any]:
+def local_rows(block: Any) -> Callable[[Any], Any]:
+    """`fetch_rows`' `read` of one table's block `[rows_per_shard, dim]`."""
+    return lambda asked: block.at[asked].get(mode="fill", fill_value=0)
+
+
+def send_gradients_once(route: Route, layout: Shards, grads: Any, axis: str, cap: int) -> tuple[Any, Any]:
     """One round (valid when `route.rounds <= 1`): (unique local rows `[N*C]` padded with
     `rows_per_shard`, their summed gradients `[N*C, dim]`) that the devices sent this owner."""
     n, pad = layout.num_shards, layout.rows_per_shard
@@ -137,7 +169,7 @@ def send_gradients_once(route: Route, layout: TableLayout, grads: Any, axis: str
     return unique, jax.ops.segment_sum(sent, inverse.reshape(-1), num_segments=rows.shape[0])
 
 
-def send_gradients_dense(route: Route, layout: TableLayout, grads: Any, axis: str, cap: int) -> tuple[Any, Any]:
+def send_gradients_dense(route: Route, layout: Shards, grads: Any, axis: str, cap: int) -> tuple[Any, Any]:
     """Every round: (the summed gradient of each row of this owner's shard
     `[rows_per_shard, dim]`, which rows some device looked up `[rows_per_shard]`)."""
     n, rows_per_shard = layout.num_shards, layout.rows_per_shard
