@@ -32,7 +32,7 @@ from typing import Any, Callable
 from tpu_estimator.api.checks import message
 from tpu_estimator.errors import CheckpointStorageError
 
-__all__ = ["ENV", "DEFAULT_S", "check_timeout", "set_timeout_s", "timeout_s", "probe_interval",
+__all__ = ["ENV", "DEFAULT_S", "check_timeout", "set_timeout_s", "timeout_s", "probe_interval", "client_retries",
            "wait_for", "bounded"]
 
 ENV = "TPU_ESTIMATOR_STORAGE_TIMEOUT_S"
@@ -91,6 +91,24 @@ def timeout_s() -> float:
 def probe_interval(timeout: float) -> float:
     """Seconds between probes (and before the first): a tenth of the deadline, 0.2-5 s."""
     return min(max(timeout / 10, 0.2), _MAX_INTERVAL)
+
+
+def client_retries(timeout: float) -> dict[str, Any]:
+    """TensorStore's `gcs_request_retries` for a deadline of `timeout` seconds.
+
+    Backoff from min(1 s, timeout/20) doubling up to timeout/4, and as many retries as
+    their delays take to add up to the deadline: a store that stays away for
+    `timeout` ends the client's own requests about then (instead of after TensorStore's
+    default 32 retries, ~15 min), so nothing waits on them long after our error.
+    E.g. 120 s: 8 retries (1, 2, 4, 8, 16, 30, 30, 30 s); 3 s: 6 (0.15 ... 0.75 s).
+    """
+    initial = min(1.0, timeout / 20)
+    longest = max(initial, timeout / 4)
+    retries, total = 0, 0.0
+    while total < timeout:
+        total += min(initial * 2**retries, longest)
+        retries += 1
+    return {"max_retries": retries, "initial_delay": f"{initial:g}s", "max_delay": f"{longest:g}s"}
 
 
 def _root(uri: str) -> str:
