@@ -33,7 +33,7 @@ from tpu_estimator.api.checks import message
 from tpu_estimator.errors import CheckpointStorageError
 
 __all__ = ["ENV", "DEFAULT_S", "check_timeout", "set_timeout_s", "timeout_s", "probe_interval", "client_retries",
-           "wait_for", "bounded"]
+           "wait_for", "bounded", "bound_clients", "StoreAwayError"]
 
 ENV = "TPU_ESTIMATOR_STORAGE_TIMEOUT_S"
 DEFAULT_S = 120.0
@@ -150,6 +150,76 @@ class _Probe:
             self.answered, self.error = False, e
 
 
+class StoreAwayError(RuntimeError):
+    """A request not sent: the store has not answered for `storage_timeout_s` (raised
+    inside gcsfs, which retries OSErrors and aiohttp's errors but not this)."""
+
+
+class _ClientDeadline:
+    """An aiohttp client middleware for gcsfs: once the store has answered no request for
+    `timeout_s()` in a row, requests fail at once with StoreAwayError (which gcsfs does
+    not retry), one let through per probe interval to see the store back.
+
+    gcsfs retries each call 6 times over ~31-36 s (fixed in its code); Orbax waits for
+    some of these calls (existence checks, metadata writes) on asyncio executor workers,
+    which Python joins at exit. This ends them at their next try once the deadline has
+    passed. An answer (any status but 429 and 5xx) closes it again.
+    """
+
+    def __init__(self) -> None:
+        self.failing_since: float | None = None  # when the first unanswered request was sent
+        self.last_sent = 0.0
+
+    async def __call__(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        sent = time.monotonic()
+        timeout = timeout_s()
+        if (self.failing_since is not None and sent - self.failing_since >= timeout
+                and sent - self.last_sent < probe_interval(timeout)):
+            raise StoreAwayError(
+                message(
+                    f"The object store did not answer for {timeout:g} s (storage_timeout_s); "
+                    "the request was not sent.",
+                    f"path={str(request.url)!r}",
+                    "Check that the store is reachable, then run again (training resumes from "
+                    "the newest checkpoint). To wait longer for a store that comes back, raise "
+                    f"RunConfig(storage_timeout_s=...) or {ENV}.",
+                )
+            )
+        self.last_sent = sent
+        try:
+            response = await handler(request)
+        except Exception:
+            self._unanswered(sent)
+            raise
+        if response.status == 429 or response.status >= 500:
+            self._unanswered(sent)
+        else:
+            self.failing_since = None
+        return response
+
+    def _unanswered(self, sent: float) -> None:
+        if self.failing_since is None or sent < self.failing_since:
+            self.failing_since = sent
+
+
+_client_deadline: _ClientDeadline | None = None
+
+
+def bound_clients() -> None:
+    """Adds `_ClientDeadline` to the gcsfs instances fsspec creates from now on (through
+    `fsspec.config.conf`: epath's too, which it makes at its first gs:// path), once."""
+    global _client_deadline
+    if _client_deadline is not None:
+        return
+    import fsspec.config
+
+    _client_deadline = _ClientDeadline()
+    conf = fsspec.config.conf.setdefault("gs", {})
+    session = dict(conf.get("session_kwargs") or {})
+    session["middlewares"] = (*session.get("middlewares", ()), _client_deadline)
+    conf["session_kwargs"] = session
+
+
 def wait_for(done: threading.Event, *, uri: str, what: str,
              alive: Callable[[], bool] | None = None) -> None:
     """Blocks until `done` is set (or `alive()` turns False), probing `uri`'s store meanwhile.
@@ -162,6 +232,7 @@ def wait_for(done: threading.Event, *, uri: str, what: str,
             if alive is not None and not alive():
                 return
         return
+    bound_clients()
     timeout = timeout_s()
     interval = probe_interval(timeout)
     probe = _Probe(uri)
@@ -218,6 +289,7 @@ def bounded(fn: Callable[[], Any], *, uri: str, what: str) -> Any:
     """
     if _local(uri):
         return fn()
+    bound_clients()
     done = threading.Event()
     out: dict[str, Any] = {}
 
