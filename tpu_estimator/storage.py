@@ -151,55 +151,52 @@ class _Probe:
 
 
 class StoreAwayError(RuntimeError):
-    """A request not sent: the store has not answered for `storage_timeout_s` (raised
+    """A request failed after the store answered none for `storage_timeout_s` (raised
     inside gcsfs, which retries OSErrors and aiohttp's errors but not this)."""
 
 
 class _ClientDeadline:
-    """An aiohttp client middleware for gcsfs: once the store has answered no request for
-    `timeout_s()` in a row, requests fail at once with StoreAwayError (which gcsfs does
-    not retry), one let through per probe interval to see the store back.
+    """An aiohttp client middleware for gcsfs: a request that fails (no answer, or 429/5xx)
+    once the store has answered none for `timeout_s()` in a row raises StoreAwayError,
+    which gcsfs does not retry.
 
     gcsfs retries each call 6 times over ~31-36 s (fixed in its code); Orbax waits for
     some of these calls (existence checks, metadata writes) on asyncio executor workers,
     which Python joins at exit. This ends them at their next try once the deadline has
-    passed. An answer (any status but 429 and 5xx) closes it again.
+    passed. Every try is still sent: a store that is back answers it (and resets this).
     """
 
     def __init__(self) -> None:
         self.failing_since: float | None = None  # when the first unanswered request was sent
-        self.last_sent = 0.0
 
     async def __call__(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         sent = time.monotonic()
+        try:
+            response = await handler(request)
+        except Exception as e:
+            self._unanswered(sent, request)
+            raise
+        if response.status == 429 or response.status >= 500:
+            response.release()
+            self._unanswered(sent, request)
+        else:
+            self.failing_since = None
+        return response
+
+    def _unanswered(self, sent: float, request: Any) -> None:
+        if self.failing_since is None or sent < self.failing_since:
+            self.failing_since = sent
         timeout = timeout_s()
-        if (self.failing_since is not None and sent - self.failing_since >= timeout
-                and sent - self.last_sent < probe_interval(timeout)):
+        if time.monotonic() - self.failing_since >= timeout:
             raise StoreAwayError(
                 message(
-                    f"The object store did not answer for {timeout:g} s (storage_timeout_s); "
-                    "the request was not sent.",
+                    f"The object store did not answer for {timeout:g} s (storage_timeout_s).",
                     f"path={str(request.url)!r}",
                     "Check that the store is reachable, then run again (training resumes from "
                     "the newest checkpoint). To wait longer for a store that comes back, raise "
                     f"RunConfig(storage_timeout_s=...) or {ENV}.",
                 )
             )
-        self.last_sent = sent
-        try:
-            response = await handler(request)
-        except Exception:
-            self._unanswered(sent)
-            raise
-        if response.status == 429 or response.status >= 500:
-            self._unanswered(sent)
-        else:
-            self.failing_since = None
-        return response
-
-    def _unanswered(self, sent: float) -> None:
-        if self.failing_since is None or sent < self.failing_since:
-            self.failing_since = sent
 
 
 _client_deadline: _ClientDeadline | None = None

@@ -1,5 +1,6 @@
 """A store that stays away: train() raises CheckpointStorageError naming the gs:// path
-within RunConfig(storage_timeout_s) plus its probe interval, whichever writer meets it.
+within RunConfig(storage_timeout_s) plus its probe interval, whichever writer meets it;
+and the process that met it, the store still away, then exits by itself soon after.
 
 The job (store_away_job.py) runs in its own process behind a proxy that, mid-run,
 answers 503 to every request, or drops every connection unanswered.
@@ -23,15 +24,38 @@ TIMEOUT_S = 3.0
 # The deadline, one probe interval (a tenth of it) for the probe that finds the store
 # away, and slack for a loaded 2-core machine (the waits poll every interval).
 MARGIN_S = storage.probe_interval(TIMEOUT_S) * 2 + 2.0
+# After the raise, the clients' own calls end within gcsfs's longest backoff (16 s plus up
+# to 1 s of jitter: a call asleep between tries when the deadline passes fails at its next
+# try) and TensorStore's last retry (storage.client_retries: about one deadline after its
+# first failed try, which came before the raise); plus slack for a loaded 2-core machine.
+EXIT_BOUND_S = 17.0 + 5.0
 
 
 @pytest.fixture(scope="module")
-def results(gcs_server, gs_module_dir):
-    out = subprocess.run([sys.executable, JOB, gcs_server, gs_module_dir, str(TIMEOUT_S)],
-                         capture_output=True, text=True, timeout=300)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    assert out.returncode == 0 and lines, out.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+def results(gcs_server, gs_module_dir, tmp_path_factory):
+    """The job's RESULT, plus `exit_seconds`: from the raise in the "exit" case (the store
+    kept away) to the process's end (None: it had not ended EXIT_BOUND_S + 30 s later)."""
+    err = tmp_path_factory.mktemp("store_away") / "stderr.txt"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, JOB, gcs_server, gs_module_dir, str(TIMEOUT_S),
+                                 "503,gone,exit"], stdout=subprocess.PIPE, stderr=stderr, text=True)
+        try:
+            lines = [line for line in proc.stdout if line.startswith("RESULT ")]  # until it closes
+            try:
+                proc.wait(timeout=EXIT_BOUND_S + 30)
+                exited_at = time.time()
+            except subprocess.TimeoutExpired:
+                exited_at = None
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert lines, err.read_text()[-3000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    raised_at = out["exit"].get("raised_at")
+    out["exit_seconds"] = None if exited_at is None or raised_at is None else exited_at - raised_at
+    out["returncode"] = proc.returncode
+    return out
 
 
 @pytest.mark.parametrize("case", ["503", "gone"])
@@ -42,6 +66,17 @@ def test_a_store_that_stays_away_ends_train_within_the_deadline(results, gs_modu
     assert "did not answer for 3 s (storage_timeout_s)" in r["message"], r
     assert "storage_timeout_s=" in r["message"]  # the fix names the setting
     assert TIMEOUT_S <= r["seconds"] <= TIMEOUT_S + MARGIN_S, r
+
+
+def test_the_process_that_met_the_error_exits_by_itself_soon_after(results):
+    """The store stays away after train() raised: nothing the clients still run may hold
+    the process at exit (TensorStore's default retries took up to ~15 min, gcsfs's ~31-36 s)."""
+    r = results["exit"]
+    assert r["error"] == "CheckpointStorageError", r
+    assert results["exit_seconds"] is not None, (
+        f"the job had not ended {EXIT_BOUND_S + 30:g} s after train() raised (killed)")
+    assert results["exit_seconds"] <= EXIT_BOUND_S, results["exit_seconds"]
+    assert results["returncode"] == 0, results["returncode"]
 
 
 def test_a_store_that_answers_never_trips_the_deadline(gs_dir):

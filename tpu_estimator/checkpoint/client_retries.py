@@ -96,4 +96,9 @@ def _bounded_handler(inner: Any) -> Any:
         def finalize(self, directory: Any) -> None:
             inner.finalize(directory)
 
+        def __getattr__(self, name: str) -> Any:
+            # Whatever else Orbax asks of its jax.Array handler (e.g. whether it keeps an
+            # array-metadata store) is answered by its own handler.
+            return getattr(inner, name)
+
     return BoundedRetries()
