@@ -75,6 +75,7 @@ def test_the_process_that_met_the_error_exits_by_itself_soon_after(results):
     assert r["error"] == "CheckpointStorageError", r
     assert results["exit_seconds"] is not None, (
         f"the job had not ended {EXIT_BOUND_S + 30:g} s after train() raised (killed)")
+    print(f"exited {results['exit_seconds']:.1f} s after train() raised")  # (pytest -rA shows it)
     assert results["exit_seconds"] <= EXIT_BOUND_S, results["exit_seconds"]
     assert results["returncode"] == 0, results["returncode"]
 
@@ -93,3 +94,47 @@ def test_a_store_that_answers_never_trips_the_deadline(gs_dir):
         assert time.monotonic() - start >= 4.9
     finally:
         storage.set_timeout_s(None)
+
+
+def test_the_clients_own_retries_add_up_to_the_deadline():
+    """TensorStore's backoff (no jitter) sums to the clients' deadline, which leaves the
+    waits about two probe intervals to raise first."""
+    for timeout in (1, 3, 10, 120, 600):
+        retries = storage.client_retries(timeout)
+        initial = float(retries["initial_delay"].rstrip("s"))
+        longest = float(retries["max_delay"].rstrip("s"))
+        delays = [min(initial * 2**i, longest) for i in range(retries["max_retries"])]
+        budget = storage.client_deadline(timeout)
+        assert budget >= timeout + 2 * storage.probe_interval(timeout)
+        assert sum(delays) >= budget > sum(delays[:-1]), (timeout, retries)
+    assert storage.client_retries(120) == {"max_retries": 9, "initial_delay": "1s", "max_delay": "30s"}
+
+
+def test_gcsfs_requests_end_at_the_deadline_and_go_on_once_the_store_is_back(gcs_server):
+    """gcsfs's own retries (6 tries over ~31-36 s) end at the first try after the clients'
+    deadline; any answer resets it."""
+    import fsspec
+    from conftest import BUCKET
+    from store_proxy import StoreProxy
+
+    proxy = StoreProxy(gcs_server)
+    storage.set_timeout_s(1)
+    try:
+        storage.bound_clients()
+        fs = fsspec.filesystem("gs", endpoint_url=proxy.url)  # with the middleware (fsspec's config)
+        assert fs.info(BUCKET)["name"].rstrip("/") == BUCKET
+        proxy.gone = True
+        start = time.monotonic()
+        with pytest.raises(storage.StoreAwayError, match=r"did not answer for 1 s \(storage_timeout_s\)"):
+            fs.info(f"{BUCKET}/nothing-here")
+        took = time.monotonic() - start
+        # gcsfs's tries at ~0, 1-2, 3-5 s: the first after the deadline (2.4 s) fails; slack
+        # for a loaded machine. Without the middleware: ~31-36 s.
+        assert storage.client_deadline(1) <= took <= 12, took
+        proxy.gone = False
+        fs.invalidate_cache()
+        with pytest.raises(FileNotFoundError):  # answered (404): the store is back
+            fs.info(f"{BUCKET}/nothing-here")
+    finally:
+        storage.set_timeout_s(None)
+        proxy.close()
