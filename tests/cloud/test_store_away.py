@@ -40,7 +40,11 @@ def results(gcs_server, gs_module_dir, tmp_path_factory):
         proc = subprocess.Popen([sys.executable, JOB, gcs_server, gs_module_dir, str(TIMEOUT_S),
                                  "503,gone,exit"], stdout=subprocess.PIPE, stderr=stderr, text=True)
         try:
-            lines = [line for line in proc.stdout if line.startswith("RESULT ")]  # until it closes
+            lines = []
+            for line in proc.stdout:  # up to the RESULT line, printed once the cases ran
+                if line.startswith("RESULT "):
+                    lines.append(line)
+                    break
             try:
                 proc.wait(timeout=EXIT_BOUND_S + 30)
                 exited_at = time.time()
