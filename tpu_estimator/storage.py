@@ -2,18 +2,23 @@
 
 The writers of a run reach the store through several clients, each with its own
 retries: gcsfs (metadata, Orbax's small files, event files, our digests: 6 tries
-over ~31-36 s, not settable), TensorStore (Orbax's array data: up to 32 tries
-with backoff up to 32 s, ~15 min; its context is built inside Orbax, so not
-settable through Orbax's public API). Instead of tuning each, every place where
-the caller waits on the store (a checkpoint save, the wait for a background save,
-closing the manager, a summary flush, the writable check; the reads: listing and
-checking checkpoints, restores, variable reads, the eval-results log; the writes
-of an export) waits through
-`wait_for`/`bounded`: while it waits longer than a probe interval, it asks the
+over ~31-36 s, fixed in its code), TensorStore (Orbax's array data: by default up to
+32 tries with backoff up to 32 s, ~15 min). Every place where the caller waits on the
+store (a checkpoint save, the wait for a background save, closing the manager, a
+summary flush, the writable check; the reads: listing and checking checkpoints,
+restores, variable reads, the eval-results log; the writes of an export) waits
+through `wait_for`/`bounded`: while it waits longer than a probe interval, it asks the
 store for its bucket (one small request) every interval; once the store has not
 answered for `timeout_s()` seconds in a row it raises `CheckpointStorageError`
-naming the path. A store that answers (a slow but healthy save, transient
-errors the clients retry) never trips it. Local paths are not probed.
+naming the path. A store that answers (a slow but healthy save, transient errors the
+clients retry) never trips it. Local paths are not probed.
+
+The clients' own calls are bounded by the same deadline, so that none of them holds
+the process long after that error (Orbax waits for some on executor threads that
+Python joins at exit): TensorStore's retries come from `client_retries(timeout_s())`
+(checkpoint/client_retries.py passes them to Orbax), and gcsfs requests that fail once
+the store has answered none for `timeout_s()` raise `StoreAwayError`, which gcsfs does
+not retry (`bound_clients`: an aiohttp middleware added through fsspec's config).
 
 The setting, in order: `RunConfig(storage_timeout_s=...)` (the newest estimator
 built with one sets it for the process: the clients are per process), the
@@ -33,11 +38,13 @@ from tpu_estimator.api.checks import message
 from tpu_estimator.errors import CheckpointStorageError
 
 __all__ = ["ENV", "DEFAULT_S", "check_timeout", "set_timeout_s", "timeout_s", "probe_interval",
-           "wait_for", "bounded"]
+           "client_deadline", "client_retries", "wait_for", "bounded", "bound_clients",
+           "StoreAwayError"]
 
 ENV = "TPU_ESTIMATOR_STORAGE_TIMEOUT_S"
 DEFAULT_S = 120.0
 _MAX_INTERVAL = 5.0
+_MIN_UNANSWERED_S = 1.0  # a probe running this long (or an interval, if longer) is unanswered
 _chosen: float | None = None
 # store root (scheme://bucket) -> [since when it has not answered, when that was last seen]
 _away: dict[str, list[float]] = {}
@@ -93,6 +100,32 @@ def probe_interval(timeout: float) -> float:
     return min(max(timeout / 10, 0.2), _MAX_INTERVAL)
 
 
+def client_deadline(timeout: float) -> float:
+    """How long the clients themselves keep retrying a store that answers nothing: the
+    deadline plus two probe intervals and 1 s, so that the waits (which raise within
+    about two intervals of it) name the deadline first, and the clients stop soon after."""
+    return timeout + 2 * probe_interval(timeout) + 1.0
+
+
+def client_retries(timeout: float) -> dict[str, Any]:
+    """TensorStore's `gcs_request_retries` for a deadline of `timeout` seconds.
+
+    Backoff from min(1 s, timeout/20) doubling up to timeout/4, and as many retries as
+    their delays take to add up to `client_deadline(timeout)`: a store that stays away
+    ends the client's own requests about then (instead of after TensorStore's default
+    32 retries, ~15 min), so nothing waits on them long after our error.
+    E.g. 120 s: 9 retries (1, 2, 4, 8, 16, 30, 30, 30, 30 s); 3 s: 8 (0.15 ... 0.75 s).
+    """
+    initial = min(1.0, timeout / 20)
+    longest = max(initial, timeout / 4)
+    budget = client_deadline(timeout)
+    retries, total = 0, 0.0
+    while total < budget:
+        total += min(initial * 2**retries, longest)
+        retries += 1
+    return {"max_retries": retries, "initial_delay": f"{initial:g}s", "max_delay": f"{longest:g}s"}
+
+
 def _root(uri: str) -> str:
     scheme, _, rest = str(uri).partition("://")
     return f"{scheme}://{rest.split('/')[0]}"
@@ -108,6 +141,15 @@ class _Probe:
         self.answered: bool | None = None  # the last finished probe's outcome
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._fs: Any = None
+        import fsspec
+
+        try:  # made here, in the waiting thread: making the client (its imports, credentials:
+            # seconds on a loaded machine) is not time the store stayed silent
+            self._fs, path = fsspec.core.url_to_fs(uri)
+            self._bucket = path.split("/")[0]
+        except Exception:  # noqa: BLE001 - tried again, and reported, by the probe
+            self._fs = None
 
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -121,8 +163,10 @@ class _Probe:
         import fsspec
 
         try:
-            fs, path = fsspec.core.url_to_fs(self.uri)
-            bucket = path.split("/")[0]
+            if self._fs is None:
+                self._fs, path = fsspec.core.url_to_fs(self.uri)
+                self._bucket = path.split("/")[0]
+            fs, bucket = self._fs, self._bucket
             fs.invalidate_cache(bucket)  # asked of the store, never answered from a cache
             fs.info(bucket)  # one small request
             self.answered, self.error = True, None
@@ -130,6 +174,73 @@ class _Probe:
             self.answered, self.error = True, None  # the store answered
         except Exception as e:  # noqa: BLE001 - any failure is "no answer"
             self.answered, self.error = False, e
+
+
+class StoreAwayError(RuntimeError):
+    """A request failed after the store answered none for `storage_timeout_s` (raised
+    inside gcsfs, which retries OSErrors and aiohttp's errors but not this)."""
+
+
+class _ClientDeadline:
+    """An aiohttp client middleware for gcsfs: a request that fails (no answer, or 429/5xx)
+    once the store has answered none for `client_deadline(timeout_s())` in a row raises
+    StoreAwayError, which gcsfs does not retry.
+
+    gcsfs retries each call 6 times over ~31-36 s (fixed in its code); Orbax waits for
+    some of these calls (existence checks, metadata writes) on asyncio executor workers,
+    which Python joins at exit. This ends them at their next try once the deadline has
+    passed. Every try is still sent: a store that is back answers it (and resets this).
+    """
+
+    def __init__(self) -> None:
+        self.failing_since: float | None = None  # when the first unanswered request was sent
+
+    async def __call__(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        sent = time.monotonic()
+        try:
+            response = await handler(request)
+        except Exception as e:
+            self._unanswered(sent, request)
+            raise
+        if response.status == 429 or response.status >= 500:
+            response.release()
+            self._unanswered(sent, request)
+        else:
+            self.failing_since = None
+        return response
+
+    def _unanswered(self, sent: float, request: Any) -> None:
+        if self.failing_since is None or sent < self.failing_since:
+            self.failing_since = sent
+        timeout = timeout_s()
+        if time.monotonic() - self.failing_since >= client_deadline(timeout):
+            raise StoreAwayError(
+                message(
+                    f"The object store did not answer for {timeout:g} s (storage_timeout_s).",
+                    f"path={str(request.url)!r}",
+                    "Check that the store is reachable, then run again (training resumes from "
+                    "the newest checkpoint). To wait longer for a store that comes back, raise "
+                    f"RunConfig(storage_timeout_s=...) or {ENV}.",
+                )
+            )
+
+
+_client_deadline: _ClientDeadline | None = None
+
+
+def bound_clients() -> None:
+    """Adds `_ClientDeadline` to the gcsfs instances fsspec creates from now on (through
+    `fsspec.config.conf`: epath's too, which it makes at its first gs:// path), once."""
+    global _client_deadline
+    if _client_deadline is not None:
+        return
+    import fsspec.config
+
+    _client_deadline = _ClientDeadline()
+    conf = fsspec.config.conf.setdefault("gs", {})
+    session = dict(conf.get("session_kwargs") or {})
+    session["middlewares"] = (*session.get("middlewares", ()), _client_deadline)
+    conf["session_kwargs"] = session
 
 
 def wait_for(done: threading.Event, *, uri: str, what: str,
@@ -144,6 +255,7 @@ def wait_for(done: threading.Event, *, uri: str, what: str,
             if alive is not None and not alive():
                 return
         return
+    bound_clients()
     timeout = timeout_s()
     interval = probe_interval(timeout)
     probe = _Probe(uri)
@@ -163,7 +275,9 @@ def wait_for(done: threading.Event, *, uri: str, what: str,
             return
         now = time.monotonic()
         if probe.running():
-            if now - probe.started >= interval:  # unanswered for an interval: away since sent
+            # unanswered for an interval (at least 1 s: a loaded machine's answer may take
+            # longer than a short deadline's tenth): away since sent
+            if now - probe.started >= max(interval, _MIN_UNANSWERED_S):
                 away(probe.started, now)
                 unanswered = True
         else:
@@ -200,6 +314,7 @@ def bounded(fn: Callable[[], Any], *, uri: str, what: str) -> Any:
     """
     if _local(uri):
         return fn()
+    bound_clients()
     done = threading.Event()
     out: dict[str, Any] = {}
 

@@ -7,16 +7,18 @@
   * "503": from checkpoint 4's save on (a listener's before_save), every request is
     answered 503 (the store is up but refuses everything): the save itself meets it;
   * "gone": after checkpoint 4's save started (after_save), the proxy drops every
-    connection unanswered (the store is gone): the background save and the wait meet it.
+    connection unanswered (the store is gone): the background save and the wait meet it;
+  * "exit" (last, if at all): as "gone", but the store stays away after train() raised,
+    and the process then ends by itself (`raised_at`: time.time() at the raise, for the
+    caller to measure how long the exit took: nothing may wait on the store much longer).
 
 Prints one JSON line `RESULT {case: {error, message, seconds, requests, ...}}`: the
 exception type train() raised, its message, the seconds from the store going away to
 the raise, the requests sent to the store meanwhile (answered 503 or dropped), and
 `latest_after`: the newest checkpoint a new estimator finds once the store is back.
-Ends with os._exit (unless STORE_AWAY_NATURAL_EXIT=1): Orbax's save thread (not a
-daemon) may still be in its clients' own retries, which Python waits for at exit
-(docs/cluster.md). TIMEOUT_S `none` leaves the setting out (the default; also how
-the code before the setting behaved, for a comparison run).
+The process ends normally (no os._exit: the clients' retries are bounded by the
+deadline, docs/cluster.md). TIMEOUT_S `none` leaves the setting out (the default;
+also how the code before the setting behaved, for a comparison run).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def run(case: str, proxy: StoreProxy, model_dir: str, timeout_s: float | None) -
                 proxy.fail_every = 1  # every request from now on: 503
 
         def after_save(self, session, global_step_value):
-            if case == "gone" and global_step_value == 4:
+            if case in ("gone", "exit") and global_step_value == 4:
                 went["at"], went["arrived"] = time.monotonic(), proxy.arrived
                 proxy.gone = True  # the store is gone: every connection dropped unanswered
 
@@ -63,9 +65,12 @@ def run(case: str, proxy: StoreProxy, model_dir: str, timeout_s: float | None) -
         out = {"error": type(e).__name__, "message": str(e),
                "while_handling": str(first) if first is not None else None,
                "seconds": round(time.monotonic() - went["at"], 2) if went else None,
-               "requests": proxy.arrived - went["arrived"] if went else None}
+               "requests": proxy.arrived - went["arrived"] if went else None,
+               "raised_at": time.time()}
     else:
         out = {"error": None, "message": "", "seconds": None, "requests": None}
+    if case == "exit":
+        return out  # the store stays away: the process must still end by itself
     # The store comes back: which checkpoint does a new estimator find?
     proxy.fail_every, proxy.gone = 0, False
     fresh = te.TPUEstimator(cm.model_fn, config=cfg, train_batch_size=16, eval_batch_size=16)
@@ -84,9 +89,6 @@ def main(upstream: str, base: str, timeout_s: float | None, cases: list[str]) ->
         out[case] = run(case, proxy, f"{base}/{case}", timeout_s)
         out[case]["call_seconds"] = round(time.monotonic() - start, 1)
     print("RESULT " + json.dumps(out), flush=True)
-    sys.stderr.flush()
-    if os.environ.get("STORE_AWAY_NATURAL_EXIT") != "1":
-        os._exit(0)
 
 
 if __name__ == "__main__":

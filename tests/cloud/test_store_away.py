@@ -1,5 +1,6 @@
 """A store that stays away: train() raises CheckpointStorageError naming the gs:// path
-within RunConfig(storage_timeout_s) plus its probe interval, whichever writer meets it.
+within RunConfig(storage_timeout_s) plus its probe interval, whichever writer meets it;
+and the process that met it, the store still away, then exits by itself soon after.
 
 The job (store_away_job.py) runs in its own process behind a proxy that, mid-run,
 answers 503 to every request, or drops every connection unanswered.
@@ -23,15 +24,42 @@ TIMEOUT_S = 3.0
 # The deadline, one probe interval (a tenth of it) for the probe that finds the store
 # away, and slack for a loaded 2-core machine (the waits poll every interval).
 MARGIN_S = storage.probe_interval(TIMEOUT_S) * 2 + 2.0
+# After the raise, the clients' own calls end within gcsfs's longest backoff (16 s plus up
+# to 1 s of jitter: a call asleep between tries when the deadline passes fails at its next
+# try) and TensorStore's last retry (storage.client_retries: about one deadline after its
+# first failed try, which came before the raise); plus slack for a loaded 2-core machine.
+EXIT_BOUND_S = 17.0 + 5.0
 
 
 @pytest.fixture(scope="module")
-def results(gcs_server, gs_module_dir):
-    out = subprocess.run([sys.executable, JOB, gcs_server, gs_module_dir, str(TIMEOUT_S)],
-                         capture_output=True, text=True, timeout=300)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    assert out.returncode == 0 and lines, out.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+def results(gcs_server, gs_module_dir, tmp_path_factory):
+    """The job's RESULT, plus `exit_seconds`: from the raise in the "exit" case (the store
+    kept away) to the process's end (None: it had not ended EXIT_BOUND_S + 30 s later)."""
+    err = tmp_path_factory.mktemp("store_away") / "stderr.txt"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, JOB, gcs_server, gs_module_dir, str(TIMEOUT_S),
+                                 "503,gone,exit"], stdout=subprocess.PIPE, stderr=stderr, text=True)
+        try:
+            lines = []
+            for line in proc.stdout:  # up to the RESULT line, printed once the cases ran
+                if line.startswith("RESULT "):
+                    lines.append(line)
+                    break
+            try:
+                proc.wait(timeout=EXIT_BOUND_S + 30)
+                exited_at = time.time()
+            except subprocess.TimeoutExpired:
+                exited_at = None
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert lines, err.read_text()[-3000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    raised_at = out["exit"].get("raised_at")
+    out["exit_seconds"] = None if exited_at is None or raised_at is None else exited_at - raised_at
+    out["returncode"] = proc.returncode
+    return out
 
 
 @pytest.mark.parametrize("case", ["503", "gone"])
@@ -42,6 +70,18 @@ def test_a_store_that_stays_away_ends_train_within_the_deadline(results, gs_modu
     assert "did not answer for 3 s (storage_timeout_s)" in r["message"], r
     assert "storage_timeout_s=" in r["message"]  # the fix names the setting
     assert TIMEOUT_S <= r["seconds"] <= TIMEOUT_S + MARGIN_S, r
+
+
+def test_the_process_that_met_the_error_exits_by_itself_soon_after(results):
+    """The store stays away after train() raised: nothing the clients still run may hold
+    the process at exit (TensorStore's default retries took up to ~15 min, gcsfs's ~31-36 s)."""
+    r = results["exit"]
+    assert r["error"] == "CheckpointStorageError", r
+    assert results["exit_seconds"] is not None, (
+        f"the job had not ended {EXIT_BOUND_S + 30:g} s after train() raised (killed)")
+    print(f"exited {results['exit_seconds']:.1f} s after train() raised")  # (pytest -rA shows it)
+    assert results["exit_seconds"] <= EXIT_BOUND_S, results["exit_seconds"]
+    assert results["returncode"] == 0, results["returncode"]
 
 
 def test_a_store_that_answers_never_trips_the_deadline(gs_dir):
@@ -58,3 +98,47 @@ def test_a_store_that_answers_never_trips_the_deadline(gs_dir):
         assert time.monotonic() - start >= 4.9
     finally:
         storage.set_timeout_s(None)
+
+
+def test_the_clients_own_retries_add_up_to_the_deadline():
+    """TensorStore's backoff (no jitter) sums to the clients' deadline, which leaves the
+    waits about two probe intervals to raise first."""
+    for timeout in (1, 3, 10, 120, 600):
+        retries = storage.client_retries(timeout)
+        initial = float(retries["initial_delay"].rstrip("s"))
+        longest = float(retries["max_delay"].rstrip("s"))
+        delays = [min(initial * 2**i, longest) for i in range(retries["max_retries"])]
+        budget = storage.client_deadline(timeout)
+        assert budget >= timeout + 2 * storage.probe_interval(timeout)
+        assert sum(delays) >= budget > sum(delays[:-1]), (timeout, retries)
+    assert storage.client_retries(120) == {"max_retries": 9, "initial_delay": "1s", "max_delay": "30s"}
+
+
+def test_gcsfs_requests_end_at_the_deadline_and_go_on_once_the_store_is_back(gcs_server):
+    """gcsfs's own retries (6 tries over ~31-36 s) end at the first try after the clients'
+    deadline; any answer resets it."""
+    import fsspec
+    from conftest import BUCKET
+    from store_proxy import StoreProxy
+
+    proxy = StoreProxy(gcs_server)
+    storage.set_timeout_s(1)
+    try:
+        storage.bound_clients()
+        fs = fsspec.filesystem("gs", endpoint_url=proxy.url)  # with the middleware (fsspec's config)
+        assert fs.info(BUCKET)["name"].rstrip("/") == BUCKET
+        proxy.gone = True
+        start = time.monotonic()
+        with pytest.raises(storage.StoreAwayError, match=r"did not answer for 1 s \(storage_timeout_s\)"):
+            fs.info(f"{BUCKET}/nothing-here")
+        took = time.monotonic() - start
+        # gcsfs's tries at ~0, 1-2, 3-5 s: the first after the deadline (2.4 s) fails; slack
+        # for a loaded machine. Without the middleware: ~31-36 s.
+        assert storage.client_deadline(1) <= took <= 12, took
+        proxy.gone = False
+        fs.invalidate_cache()
+        with pytest.raises(FileNotFoundError):  # answered (404): the store is back
+            fs.info(f"{BUCKET}/nothing-here")
+    finally:
+        storage.set_timeout_s(None)
+        proxy.close()

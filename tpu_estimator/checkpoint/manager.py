@@ -21,7 +21,7 @@ from etils import epath
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.errors import CheckpointStorageError
-from tpu_estimator.checkpoint import integrity
+from tpu_estimator.checkpoint import client_retries, integrity
 from tpu_estimator.checkpoint.numpy_read import this_process_alone
 from tpu_estimator.checkpoint.row_reads import CHUNK_BYTES, chunked_save_args
 from tpu_estimator.paths import as_uri, join
@@ -106,6 +106,7 @@ class Checkpointer:
         )
         import orbax.checkpoint as ocp
 
+        client_retries.install()  # TensorStore's retries within storage_timeout_s
         # Orbax lists the steps (and creates the directory) here: bounded like every read.
         self._manager = self._bounded(lambda: ocp.CheckpointManager(
             self.directory,

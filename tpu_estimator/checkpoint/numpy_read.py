@@ -1,7 +1,7 @@
 """Reading a checkpoint's state without a model: its metadata, and chosen leaves as numpy.
 
 Used by the variable reader and by the integrity check of checkpoints saved before
-digests; it imports nothing else of the package's checkpoint folder.
+digests; of the package's checkpoint folder it imports only client_retries.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import jax
 import numpy as np
 from etils import epath
 
+from tpu_estimator.checkpoint import client_retries
 from tpu_estimator.storage import bounded
 
 _STATE = "state"  # the item of a checkpoint holding the TrainState (see Checkpointer.save)
@@ -62,6 +63,8 @@ def restore_state_numpy(checkpoint_path: str, subtree: Any) -> Any:
     restore_args = jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), subtree)
     args = ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
     alone = this_process_alone()
+
+    client_retries.install()  # TensorStore's retries within storage_timeout_s
 
     def read() -> Any:
         handler = ocp.PyTreeCheckpointHandler(multiprocessing_options=alone)

@@ -18,6 +18,8 @@ from typing import Any, Callable
 import numpy as np
 from etils import epath
 
+from tpu_estimator import storage
+
 CHUNK_BYTES = 2 << 20  # the largest chunk of a saved array that `chunked_save_args` asks for
 CACHE_BYTES = 4 << 20  # TensorStore's cache of the OCDBT B-tree while rows are read
 
@@ -91,7 +93,9 @@ def opener(
     use_zarr3 = bool(_pytree_metadata(state).get("use_zarr3", False))
     # A small OCDBT cache (Orbax's get_ts_context allows 100 MB): the B-tree's nodes are
     # worth keeping, the chunks are read once each.
-    context = ts.Context({"cache_pool#ocdbt": {"total_bytes_limit": CACHE_BYTES}})
+    # TensorStore's retries within storage_timeout_s (not its default ~15 min).
+    context = ts.Context({"cache_pool#ocdbt": {"total_bytes_limit": CACHE_BYTES},
+                          "gcs_request_retries": storage.client_retries(storage.timeout_s())})
     return lambda leaf: SavedRows(
         leaf, use_ocdbt=use_ocdbt, use_zarr3=use_zarr3, ts_context=context, empty=empty, release=release
     )
