@@ -17,12 +17,12 @@ from typing import Any
 
 from etils import epath
 
+from tpu_estimator.checkpoint import row_reads
 from tpu_estimator.storage import bounded
 
 _STATE = "state"  # the item of a checkpoint holding the TrainState (see Checkpointer.save)
 _GROUP = 16  # arrays read at once (their values are held until the group is read)
 _ARRAY_TYPES = frozenset({"np.ndarray", "jax.Array", "scalar"})  # Orbax's value types stored as arrays
-_CACHE_BYTES = 4 << 20  # TensorStore's cache of the OCDBT B-tree (chunks are read once each)
 
 
 def read_state_in_full(checkpoint_path: str) -> None:
@@ -74,7 +74,7 @@ def _opener(state: epath.Path, saved: dict[str, Any]) -> Any:
     # Orbax records the format; older _METADATA without it: look for the OCDBT manifest
     use_ocdbt = bool(saved["use_ocdbt"] if "use_ocdbt" in saved else ocp.type_handlers.is_ocdbt_checkpoint(state))
     use_zarr3 = bool(saved.get("use_zarr3", False))
-    context = ts.Context({"cache_pool#ocdbt": {"total_bytes_limit": _CACHE_BYTES}})
+    context = row_reads.read_context()
 
     def open_array(name: str) -> Any:
         info = ocp.type_handlers.ParamInfo(

@@ -86,19 +86,27 @@ def opener(
     `malloc_trim`: TensorStore's threads free the decoded chunks into their own glibc
     arenas, which keep them)."""
     import orbax.checkpoint as ocp
-    import tensorstore as ts
 
     state = epath.Path(checkpoint_path) / "state"
     use_ocdbt = bool(ocp.type_handlers.is_ocdbt_checkpoint(state))
     use_zarr3 = bool(_pytree_metadata(state).get("use_zarr3", False))
-    # A small OCDBT cache (Orbax's get_ts_context allows 100 MB): the B-tree's nodes are
-    # worth keeping, the chunks are read once each.
-    # TensorStore's retries within storage_timeout_s (not its default ~15 min).
-    context = ts.Context({"cache_pool#ocdbt": {"total_bytes_limit": CACHE_BYTES},
-                          "gcs_request_retries": storage.client_retries(storage.timeout_s())})
+    context = read_context()
     return lambda leaf: SavedRows(
         leaf, use_ocdbt=use_ocdbt, use_zarr3=use_zarr3, ts_context=context, empty=empty, release=release
     )
+
+
+def read_context() -> Any:
+    """The TensorStore context of reads straight from a checkpoint: a small OCDBT cache
+    (Orbax's get_ts_context allows 100 MB: the B-tree's nodes are worth keeping, the
+    chunks are read once each), and retries within `storage_timeout_s` (not TensorStore's
+    default ~15 min)."""
+    import tensorstore as ts
+
+    return ts.Context({
+        "cache_pool#ocdbt": {"total_bytes_limit": CACHE_BYTES},
+        "gcs_request_retries": storage.client_retries(storage.timeout_s()),
+    })
 
 
 def chunked_save_args(state: Any, *, chunk_bytes: int = CHUNK_BYTES) -> Any:
