@@ -18,8 +18,10 @@ deadline after the store stopped answering (docs/cluster.md, "A store that stays
 from __future__ import annotations
 
 import collections
+import contextlib
+import logging
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 from tpu_estimator import storage
 
@@ -43,8 +45,25 @@ def install() -> None:
             return
         inner = ocp.type_handlers.get_type_handler(jax.Array)
         if type(inner) is ocp.type_handlers.ArrayHandler:  # Orbax's own, as registered by Orbax
-            ocp.type_handlers.register_type_handler(jax.Array, _bounded_handler(inner), override=True)
+            with _quiet_override():
+                ocp.type_handlers.register_type_handler(jax.Array, _bounded_handler(inner), override=True)
         _installed = True
+
+
+@contextlib.contextmanager
+def _quiet_override() -> Iterator[None]:
+    """Drops Orbax's absl warning that a handler overrides jax.Array's while ours is
+    registered: the override is this module's purpose, not news for the user's log."""
+
+    def drop(record: logging.LogRecord) -> bool:
+        return "overriding" not in record.getMessage()
+
+    absl_log = logging.getLogger("absl")
+    absl_log.addFilter(drop)
+    try:
+        yield
+    finally:
+        absl_log.removeFilter(drop)
 
 
 def _bounded_handler(inner: Any) -> Any:
