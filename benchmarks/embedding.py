@@ -341,6 +341,23 @@ def scaling_batches(n: int, mesh, count: int = 4, per_device: int = SCALE_PER_DE
     return out
 
 
+def timed_rounds(made: dict, forms: tuple, rounds: int) -> dict[str, list[float]]:
+    """ms per step of each form's `[program, state, batches]` in `made`, SCALE_STEPS steps per
+    timed call, the forms interleaved (their order rotated each round)."""
+    times: dict[str, list[float]] = {form: [] for form in forms}
+    for r in range(rounds):
+        k = r % len(forms)
+        for form in forms[k:] + forms[:k]:
+            program, state, batches = made[form]
+            t = time.perf_counter()
+            for i in range(SCALE_STEPS):
+                state = program(state, *batches[i % len(batches)], jnp.int32(i))
+            jax.block_until_ready(state)
+            times[form].append((time.perf_counter() - t) / SCALE_STEPS * 1e3)
+            made[form][1] = state
+    return times
+
+
 def weak_scaling(rounds: int) -> None:
     forms = ("routed", "all_gather", "replicated")
     print(f"weak scaling: jax {jax.__version__}, one table {SCALE_TABLE[0]:,} x {SCALE_TABLE[1]} ('mod'), "
@@ -357,16 +374,7 @@ def weak_scaling(rounds: int) -> None:
             state = program(state, *batches[0], jnp.int32(0))
             jax.block_until_ready(state)
             made[form] = [program, state, batches]
-        times = {form: [] for form in forms}
-        for r in range(rounds):
-            for form in forms[r % 3:] + forms[: r % 3]:
-                program, state, batches = made[form]
-                t = time.perf_counter()
-                for i in range(SCALE_STEPS):
-                    state = program(state, *batches[i % len(batches)], jnp.int32(i))
-                jax.block_until_ready(state)
-                times[form].append((time.perf_counter() - t) / SCALE_STEPS * 1e3)
-                made[form][1] = state
+        times = timed_rounds(made, forms, rounds)
         for form in forms:
             ms = np.array(times[form])
             total, once = hlo_mb[form]
@@ -394,16 +402,7 @@ def big_batch(rounds: int) -> None:
         state = program(state, *batches[0], jnp.int32(0))
         jax.block_until_ready(state)
         made[form] = [program, state, batches]
-    times = {form: [] for form in forms}
-    for r in range(rounds):
-        for form in forms[r % 2:] + forms[: r % 2]:
-            program, state, batches = made[form]
-            t = time.perf_counter()
-            for i in range(SCALE_STEPS):
-                state = program(state, *batches[i % len(batches)], jnp.int32(i))
-            jax.block_until_ready(state)
-            times[form].append((time.perf_counter() - t) / SCALE_STEPS * 1e3)
-            made[form][1] = state
+    times = timed_rounds(made, forms, rounds)
     for form in forms:
         ms = np.array(times[form])
         print(f"{form:>11} ms/step median {np.median(ms):.1f} [{ms.min():.1f}-{ms.max():.1f}]")
