@@ -26,14 +26,7 @@ from jax.sharding import Mesh
 from tpu_estimator.embedding import AdagradParameters, EmbeddingConfigSpec, FeatureConfig, TableConfig
 from tpu_estimator.embedding.sharded import EmbeddingState, ShardedTables
 from tpu_estimator.feeding.host_memory import trim
-
-
-def status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
+from restore_memory_worker import status_kib  # this folder: the script's sys.path[0]
 
 
 def make_tables(rows: int, dim: int, strategy: str) -> ShardedTables:
