@@ -32,15 +32,14 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import os
 import statistics
 import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLE = os.path.join(HERE, "..", "examples", "transformer_lm.py")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from transformer import load_example  # noqa: E402  (imports no JAX: XLA_FLAGS are set first)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -52,14 +51,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--contenders", default="gspmd-rep,est-rep,manual-rep,gspmd-fsdp,est-fsdp,manual-fsdp")
     p.add_argument("--dump", default=None, help="a folder for each program's optimized HLO")
     return p.parse_args(argv)
-
-
-def load_example():
-    spec = importlib.util.spec_from_file_location("transformer_lm", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def main(argv=None) -> int:
