@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import jax
 import numpy as np
@@ -142,7 +142,7 @@ class _Accumulator:
         if "states" in out:  # metric_fn ran in the program
             self._merge({k: merge_stacked(v) if lead else v for k, v in out["states"].items()})
             return []
-        return self._metric_fn([jax.tree.map(np.asarray, one["tensors"]) for _, one in fetched.per_step()])
+        return self._metric_fn(jax.tree.map(np.asarray, one["tensors"]) for _, one in fetched.per_step())
 
     def _add_padded(self, step: inference.Step, out: dict[str, Any]) -> list[HostCall]:
         """A padded batch's per-example outputs: only the real rows count."""
@@ -152,8 +152,9 @@ class _Accumulator:
         self._merge({k: merge_stacked(jax.tree.map(lambda x: np.asarray(x)[real], v)) for k, v in out["ops"].items()})
         return self._metric_fn([jax.tree.map(lambda x: np.asarray(x)[real], out["tensors"])])
 
-    def _metric_fn(self, batches: list[Any]) -> list[HostCall]:
-        """metric_fn on the host, on each batch's tensors in `batches` (none without one)."""
+    def _metric_fn(self, batches: Iterable[Any]) -> list[HostCall]:
+        """metric_fn on the host, on each batch's tensors in `batches` (none, and `batches`
+        not read, without one)."""
         metric_fn = self.runtime.spec.metric_fn
         if metric_fn is None:
             return []
