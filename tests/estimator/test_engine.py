@@ -1,6 +1,7 @@
 """The loop engine (estimator/engine.py) on its own, with a small policy over real arrays: the
-hooks' order, loops queued ahead, the stop that drops the loop queued behind it, and the
-preemption check at a boundary. train/evaluate/predict run on it (their own tests)."""
+hooks' order, loops queued ahead, the stop that drops the loop queued behind it, the host
+calls a policy's `read` returns (run in order before `after_run`), and the preemption check at
+a boundary. train/evaluate/predict run on it (their own tests)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 import tpu_estimator as te
-from tpu_estimator.estimator.engine import Done, Engine
+from tpu_estimator.estimator.engine import Done, Engine, HostCall
 from tpu_estimator.estimator.preemption import Watch
 
 
@@ -118,3 +119,48 @@ def test_preemption_is_checked_at_each_boundary_after_the_hooks():
 
     with pytest.raises(Stop):
         _run([[1], [2], [3]], ahead=1, on_preempted=raising, signal_before=1)
+
+
+class WithHostCalls(Doubling):
+    """Doubling whose `read` hands back one host call per step (by keyword, then by position),
+    each result recorded through `then`; a host function raises on the value `fail_on`."""
+
+    def __init__(self, engine, log, fail_on=None):
+        super().__init__(engine, log, ahead=1)
+        self.fail_on = fail_on
+
+    def host_fn(self, y):
+        self.log.append(("host_fn", y))
+        if y == self.fail_on:
+            raise KeyError(f"host_fn got {y}")
+        return y + 1
+
+    def read(self, queued):
+        done = super().read(queued)
+        def then(got):
+            self.log.append(("then", got))
+
+        calls = [HostCall(self.host_fn, {"y": y} if i % 2 == 0 else [y], then=then) for i, y in enumerate(done.result)]
+        self.log.append("read")
+        return Done(done.values, done.step, done.result, calls)
+
+
+def test_host_calls_run_in_step_order_before_after_run_and_their_errors_propagate():
+    log = []
+    with Watch() as watch:
+        engine = Engine(session=None, hooks=[Recorder(log)], watch=watch)
+        for _ in engine.run(iter([[1, 2], [3]]), WithHostCalls(engine, log)):
+            log.append("yielded")
+    calls = [e for e in log if e == "read" or e == "yielded" or e[0] in ("host_fn", "then", "after_run")]
+    assert calls == ["read", ("host_fn", 2), ("then", 3), ("host_fn", 4), ("then", 5), ("after_run", 6, 1),
+                     "yielded", "read", ("host_fn", 6), ("then", 7), ("after_run", 6, 2), "yielded"]
+
+    log = []
+    with Watch() as watch:
+        engine = Engine(session=None, hooks=[Recorder(log)], watch=watch)
+        with pytest.raises(KeyError, match="host_fn got 4"):
+            for _ in engine.run(iter([[1, 2, 3], [4]]), WithHostCalls(engine, log, fail_on=4)):
+                log.append("yielded")
+    assert ("host_fn", 6) not in log  # the calls after the failing one do not run,
+    assert not any(e[0] == "after_run" for e in log if isinstance(e, tuple))  # nor the hooks' after_run
+    assert "yielded" not in log

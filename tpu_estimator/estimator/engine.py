@@ -1,4 +1,4 @@
-"""The one host loop of train(), evaluate() and predict(): loops in, hooks and preemption around.
+"""The one host loop of train(), evaluate() and predict(): loops in; host calls, hooks, preemption around.
 
 A mode hands the `Engine` its loops (an iterator: each item is what one loop
 runs, as that mode's feeder grouped it) and a `Policy`: how to queue a loop's
@@ -21,9 +21,14 @@ the rest, the same for every mode:
   `after_run`, the engine asks the `Watch` (estimator/preemption.py); when it
   says so, `Policy.preempted` acts (train() saves and stops; evaluate() and
   predict() raise PreemptedError).
-* host calls: a policy's `read` calls the user's host-side functions on the
-  fetched outputs of each step through `Engine.call_host` (train()'s host_call,
-  evaluate()'s metric_fn when it does not trace).
+* host calls: a policy's `read` returns, with the loop's `Done`, its host calls
+  (`HostCall`: a function, fetched outputs as its arguments, and what to do
+  with its result), and the engine runs them in that order (step order), on
+  the host loop's thread, right after `read` and before the hooks' `after_run`:
+  train()'s host_call on every n-th step, then the loop's summaries;
+  evaluate()'s metric_fn per batch when it does not trace (its states merged).
+  An error from one propagates as itself; the calls after it, the hooks'
+  `after_run` and the preemption check do not run.
 * outputs: `submit` starts copying a dispatched program's outputs to the host
   (`copy_to_host_async`) and keeps at most `inflight.MAX_IN_FLIGHT` programs,
   holding at most `inflight.max_input_bytes()` of device input (two feeder
@@ -60,6 +65,24 @@ class Done:
     values: dict[str, Any]
     step: int
     result: Any = None
+    host_calls: Sequence["HostCall"] = ()  # run in order before the hooks' after_run
+
+
+@dataclasses.dataclass(frozen=True)
+class HostCall:
+    """A host-side function on fetched outputs: a user's on one step's (train()'s host_call,
+    evaluate()'s metric_fn when it does not trace), or a mode's own on the loop's that must
+    follow them (train()'s summaries). `fn(**args)` for a dict, else `fn(*args)`; `then`, if
+    given, takes what it returns (evaluate() merges the metric states)."""
+
+    fn: Callable[..., Any]
+    args: Any
+    then: Callable[[Any], None] | None = None
+
+    def __call__(self) -> None:
+        got = self.fn(**self.args) if isinstance(self.args, dict) else self.fn(*self.args)
+        if self.then is not None:
+            self.then(got)
 
 
 class Policy(Protocol):
@@ -74,14 +97,16 @@ class Policy(Protocol):
         """Queues one loop's programs (each through `Engine.submit`); returns its handle."""
 
     def read(self, queued: Any) -> Done:
-        """The loop's outputs on the host (`Engine.fetch`) and what they mean."""
+        """The loop's outputs on the host (`Engine.fetch`), what they mean, and the host calls
+        to run on them (`Done.host_calls`)."""
 
     def preempted(self, done: Done, ctx: RunContext) -> None:
         """A preemption notice reached this loop boundary (on every process)."""
 
 
 class Engine:
-    """Runs one call's loops: hooks, the in-flight bound, output fetching, preemption checks."""
+    """Runs one call's loops: hooks, the in-flight bound, output fetching, host calls,
+    preemption checks."""
 
     def __init__(self, session: Session, hooks: Sequence[SessionRunHook], watch: Watch) -> None:
         self.session, self.hooks, self.watch = session, list(hooks), watch
@@ -103,13 +128,6 @@ class Engine:
         """Programs' outputs (any pytree of them) as host arrays; waits for them."""
         return jax.device_get(outs)
 
-    @staticmethod
-    def call_host(fn: Callable[..., Any], args: Any) -> Any:
-        """A user's host-side function (train()'s host_call, evaluate()'s metric_fn when it
-        does not trace) on one step's fetched outputs: `fn(**args)` for a dict, else
-        `fn(*args)`. Policies call it from `read`, on the host loop's thread."""
-        return fn(**args) if isinstance(args, dict) else fn(*args)
-
     def run(self, loops: Iterable[Any], policy: Policy) -> Iterator[tuple[Done, RunContext]]:
         """`loops` through `policy`; yields each loop read back, after its hooks (see above)."""
         hook_runner.call_all(self.hooks, "begin")
@@ -126,6 +144,8 @@ class Engine:
             if following is not None:
                 queued.append(policy.dispatch(following))
             done = policy.read(queued.popleft())
+            for call in done.host_calls:
+                call()
             hook_runner.after_run(self.hooks, ctx, requests, done.values, done.step)
             if self.watch.reached():
                 policy.preempted(done, ctx)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import jax
 import numpy as np
@@ -24,7 +24,7 @@ import numpy as np
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.estimator import hook_runner, inference, liveness, preemption, progress
-from tpu_estimator.estimator.engine import Done, Engine
+from tpu_estimator.estimator.engine import Done, Engine, HostCall
 from tpu_estimator.feeding.lockstep import real_rows
 from tpu_estimator.metrics import Metric, merge_stacked
 from tpu_estimator.parallel.distributed import lost_host_timeout_s
@@ -107,11 +107,11 @@ class _Evaluation(inference.InferencePolicy):
         self.acc = acc
 
     def read(self, queued: inference.Dispatched) -> Done:
-        for fetched in self.fetch(queued):
-            self.acc.add(fetched)
+        """Merges the loop; metric_fn on the host (when it does not trace) is its host calls."""
+        calls = [call for fetched in self.fetch(queued) for call in self.acc.add(fetched)]
         self.batches += queued.num_steps
         values = {"loss": self.acc.loss_so_far(), "global_step": self.global_step, "batches": self.batches}
-        return Done(values, self.global_step)
+        return Done(values, self.global_step, host_calls=calls)
 
 
 def _flat(state: Any, lead: int) -> Any:
@@ -128,11 +128,11 @@ class _Accumulator:
         self.count = 0
         self.states: dict[str, Metric] = {}
 
-    def add(self, fetched: inference.Program) -> None:
-        """Adds one program's outputs (one batch, or a loop's batches stacked)."""
+    def add(self, fetched: inference.Program) -> list[HostCall]:
+        """Adds one program's outputs (one batch, or a loop's batches stacked); returns the
+        host calls of metric_fn that merge the rest, per batch, in order."""
         if not fetched.stacked and fetched.steps[0].padded:
-            self._add_padded(fetched.steps[0], fetched.out)
-            return
+            return self._add_padded(fetched.steps[0], fetched.out)
         out, lead = fetched.out, 1 if fetched.stacked else 0
         rows = np.array([s.counts.sum() for s in fetched.steps], np.float64)  # full batches
         losses = np.asarray(out["loss"], np.float64).mean(axis=-1)  # each batch: mean over replicas
@@ -141,24 +141,27 @@ class _Accumulator:
         self._merge({k: merge_stacked(_flat(v, lead + 1)) for k, v in out["ops"].items()})
         if "states" in out:  # metric_fn ran in the program
             self._merge({k: merge_stacked(v) if lead else v for k, v in out["states"].items()})
-        else:
-            for _, one in fetched.per_step():
-                self._metric_fn(jax.tree.map(np.asarray, one["tensors"]))
+            return []
+        return self._metric_fn(jax.tree.map(np.asarray, one["tensors"]) for _, one in fetched.per_step())
 
-    def _add_padded(self, step: inference.Step, out: dict[str, Any]) -> None:
+    def _add_padded(self, step: inference.Step, out: dict[str, Any]) -> list[HostCall]:
         """A padded batch's per-example outputs: only the real rows count."""
         real = real_rows(step.counts, step.size)
         self.loss_sum += float(np.asarray(out["loss"], np.float64)[real].sum())
         self.count += int(real.sum())
         self._merge({k: merge_stacked(jax.tree.map(lambda x: np.asarray(x)[real], v)) for k, v in out["ops"].items()})
-        self._metric_fn(jax.tree.map(lambda x: np.asarray(x)[real], out["tensors"]))
+        return self._metric_fn([jax.tree.map(lambda x: np.asarray(x)[real], out["tensors"])])
 
-    def _metric_fn(self, tensors: Any) -> None:
-        """metric_fn on the host, on one batch's tensors."""
+    def _metric_fn(self, batches: Iterable[Any]) -> list[HostCall]:
+        """metric_fn on the host, on each batch's tensors in `batches` (none, and `batches`
+        not read, without one)."""
         metric_fn = self.runtime.spec.metric_fn
         if metric_fn is None:
-            return
-        got = Engine.call_host(metric_fn, tensors)
+            return []
+        return [HostCall(metric_fn, tensors, then=self._merge_metric_fn) for tensors in batches]
+
+    def _merge_metric_fn(self, got: Any) -> None:
+        """What metric_fn returned for one batch: a dict of metric states, merged."""
         if not isinstance(got, dict):
             raise TypeError(
                 message(

@@ -4,8 +4,9 @@ The one feeder (feeding/feeder.py, on its thread; train_feed.py is train()'s pla
 groups batches into loops; the loop
 engine (estimator/engine.py) runs them with the hooks, the in-flight bound, the
 output fetching and the preemption check; `_Training` is train()'s policy on it
-(dispatch a loop's chunks, read it: NaN check, host calls, summaries; then log
-and save), with no loop queued ahead.
+(dispatch a loop's chunks, read it: NaN check, then the host calls the engine
+runs, host_call's and then the summaries'; then log and save), with no loop
+queued ahead.
 
 One loop = `iterations_per_loop` steps in one compiled program ("scan"), or
 the same steps dispatched one by one ("step"; XLA:CPU runs convolutions in
@@ -31,7 +32,7 @@ from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.errors import NanLossDuringTrainingError
 from tpu_estimator.checkpoint.manager import check_writable
 from tpu_estimator.estimator import hook_runner, liveness, preemption, progress, train_feed
-from tpu_estimator.estimator.engine import Done, Engine
+from tpu_estimator.estimator.engine import Done, Engine, HostCall
 from tpu_estimator.estimator.runtime import Runtime
 from tpu_estimator.estimator.schedule import LoopSchedule
 from tpu_estimator.feeding import feeder
@@ -302,7 +303,8 @@ class _Training:
         return state
 
     def read(self, queued: _Queued) -> Done:
-        """The loop's outputs on the host; NaN check, host calls and summaries before hooks."""
+        """The loop's outputs on the host; the NaN check, then (run by the engine, before the
+        hooks) host_call on its steps and the loop's summaries."""
         joined = _join(self.engine.fetch(queued.outs))  # on the host: no extra device work
         self.schedule.report(queued.steps, time.monotonic() - queued.started)
         result = LoopResult(
@@ -311,10 +313,10 @@ class _Training:
         )
         self.state, self.step, self.input_state = result.state, result.step, result.input_state
         self.check_finite(result)
-        self.call_host(result)
-        self.summaries.after_loop(result.first_step, result.losses, result.summaries, result.state)
+        summaries = HostCall(self.summaries.after_loop, (result.first_step, result.losses, result.summaries,
+                                                         result.state))
         values = hook_values(result.losses, result.summaries, result.step, result.state)
-        return Done(values, result.step, result)
+        return Done(values, result.step, result, [*self.host_calls(result), summaries])
 
     def preempted(self, done: Done, ctx: RunContext) -> None:
         """A preemption notice (every process at the same boundary): this step is saved and
@@ -336,16 +338,15 @@ class _Training:
             f"step {bad}. The last checkpoint (step {self.core.checkpointer.latest_step()}) is kept."
         )
 
-    def call_host(self, result: LoopResult) -> None:
+    def host_calls(self, result: LoopResult) -> list[HostCall]:
         """host_call_fn on every `experimental_host_call_every_n_steps`-th step's tensors."""
         fn = self.runtime.spec.host_call_fn
         outputs = result.host_call
         if fn is None or outputs is None:
-            return
+            return []
         every = self.core.config.tpu_config.experimental_host_call_every_n_steps
         k = len(jax.tree.leaves(outputs)[0]) if jax.tree.leaves(outputs) else 0
-        for i in range(0, k, every):
-            self.engine.call_host(fn, jax.tree.map(lambda x: x[i], outputs))
+        return [HostCall(fn, jax.tree.map(lambda x, i=i: x[i], outputs)) for i in range(0, k, every)]
 
     def log(self, result: LoopResult) -> None:
         """Every `log_step_count_steps`: the loss and the rates, in the log and as summaries."""
