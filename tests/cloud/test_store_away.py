@@ -114,12 +114,13 @@ def test_the_clients_own_retries_add_up_to_the_deadline():
     assert storage.client_retries(120) == {"max_retries": 9, "initial_delay": "1s", "max_delay": "30s"}
 
 
-def test_gcsfs_requests_end_at_the_deadline_and_go_on_once_the_store_is_back(gcs_server):
+def test_gcsfs_requests_end_at_the_deadline_and_go_on_once_the_store_is_back(gcs_server, gs_dir):
     """gcsfs's own retries (6 tries over ~31-36 s) end at the first try after the clients'
     deadline; any answer resets it."""
     import fsspec
-    from conftest import BUCKET
     from store_proxy import StoreProxy
+
+    BUCKET = gs_dir.removeprefix("gs://").split("/")[0]  # the emulator's bucket (conftest.py)
 
     proxy = StoreProxy(gcs_server)
     storage.set_timeout_s(1)
