@@ -141,15 +141,18 @@ class _Probe:
         self.answered: bool | None = None  # the last finished probe's outcome
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._fs: Any = None
-        import fsspec
-
+        self._client: tuple[Any, str] | None = None  # (filesystem, bucket)
         try:  # made here, in the waiting thread: making the client (its imports, credentials:
             # seconds on a loaded machine) is not time the store stayed silent
-            self._fs, path = fsspec.core.url_to_fs(uri)
-            self._bucket = path.split("/")[0]
+            self._client = self._make_client()
         except Exception:  # noqa: BLE001 - tried again, and reported, by the probe
-            self._fs = None
+            pass
+
+    def _make_client(self) -> tuple[Any, str]:
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(self.uri)
+        return fs, path.split("/")[0]
 
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -160,13 +163,10 @@ class _Probe:
         self._thread.start()
 
     def _ask(self) -> None:
-        import fsspec
-
         try:
-            if self._fs is None:
-                self._fs, path = fsspec.core.url_to_fs(self.uri)
-                self._bucket = path.split("/")[0]
-            fs, bucket = self._fs, self._bucket
+            if self._client is None:
+                self._client = self._make_client()
+            fs, bucket = self._client
             fs.invalidate_cache(bucket)  # asked of the store, never answered from a cache
             fs.info(bucket)  # one small request
             self.answered, self.error = True, None
