@@ -1,9 +1,9 @@
 """The planner's rule, measured: one table's per-replica training step, row-sharded vs replicated.
 
-    .venv/bin/python benchmarks/embedding_plans.py [--rounds N] [--sizes 100x16,1000x16,...]
+    .venv/bin/python benchmarks/embedding_plans.py [--rounds N] [--sizes 100x16,1000x16,...] [--batch B]
 
 For each table size (rows x dim) on 8 fake CPU devices: one feature of 4 ids per example
-(30% padding), a global batch of 1,024, Adagrad; the step as the estimator runs it (under
+(30% padding), a global batch of 1,024 (`--batch`), Adagrad; the step as the estimator runs it (under
 `shard_map` manual over "data": lookup, gradient of a loss of the activations, the lazy
 update), with the table `TableConfig(sharding="row")` or `"replicated"`, and the reference:
 a replicated table looked up with `jnp.take`, its dense gradient all-reduced, `optax.adagrad`.
@@ -89,17 +89,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sizes", default="100x16,1000x16,2000x32,5000x32,10000x32")
+    parser.add_argument("--batch", type=int, default=BATCH, help="global batch (a multiple of 8)")
     args = parser.parse_args(argv)
+    batch_size = args.batch
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
-    print(f"jax {jax.__version__}, {mesh.size} {jax.default_backend()} devices, global batch {BATCH}, "
+    print(f"jax {jax.__version__}, {mesh.size} {jax.default_backend()} devices, global batch {batch_size}, "
           f"{WIDTH} ids per example, {STEPS} steps per timed call, {args.rounds} interleaved rounds")
     print(f"{'table':>10} {'KiB':>6} {'row ms':>18} {'replicated ms':>18} {'jnp.take ms':>18} {'row/replicated':>15}")
     for size in args.sizes.split(","):
         rows, dim = (int(v) for v in size.split("x"))
         rng = np.random.RandomState(0)
-        ids = rng.randint(0, rows, (BATCH, WIDTH)).astype(np.int32)
-        ids[rng.rand(BATCH, WIDTH) < 0.3] = -1
-        batch = jax.device_put(({"f": ids}, rng.randint(0, 2, BATCH).astype(np.float32)), NamedSharding(mesh, P("data")))
+        ids = rng.randint(0, rows, (batch_size, WIDTH)).astype(np.int32)
+        ids[rng.rand(batch_size, WIDTH) < 0.3] = -1
+        labels = rng.randint(0, 2, batch_size).astype(np.float32)
+        batch = jax.device_put(({"f": ids}, labels), NamedSharding(mesh, P("data")))
         made = {"row": ours(mesh, rows, dim, "row"), "replicated": ours(mesh, rows, dim, "replicated"),
                 "jnp.take": reference(mesh, rows, dim)}
         made = {k: [f, jax.block_until_ready(f(s, *batch, jnp.int32(0)))] for k, (f, s) in made.items()}
