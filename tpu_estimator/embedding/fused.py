@@ -20,7 +20,8 @@ ids are. Per step and group, a device
 
 A group of one table is exactly the per-table exchange. Replicated tables get the
 same treatment for their one collective (`replicated_gradients`): one all-reduce of
-every replicated table's dense gradient and touched rows, not one per table.
+every replicated table's dense gradient (and touched rows, where the optimizer needs
+them), not one per table.
 """
 
 from __future__ import annotations

@@ -52,9 +52,12 @@ examples alone (no collective forward); the backward adds the replica's id
 gradients into a dense [V, dim] gradient, all-reduced with the rows touched (one
 all-reduce for every replicated table, embedding/fused.py), and
 every device applies the same lazy update (as data parallelism with dense table
-gradients; bytes flat in N); "column" ones gather the global batch, combine this
-device's columns and `all_to_all` the [B, dim/N] partials into each replica's
-[b, dim] (the gradients travel back the same way).
+gradients; bytes flat in N); with SGD or Adagrad, which leave a row with a zero
+gradient as it is (`updates.zero_gradient_keeps_rows`), the update is dense and the
+rows touched are neither counted nor all-reduced (the hand-written `jnp.take` step).
+"Column" ones gather the global batch, combine this device's columns and
+`all_to_all` the [B, dim/N] partials into each replica's [b, dim] (the gradients
+travel back the same way).
 
 On one device (`Collectives()` with no axes) the all-gather code runs without
 collectives and with one shard.
