@@ -140,7 +140,8 @@ def main(argv=None) -> int:
         cells = [f"{np.median(v):7.2f} [{min(v):.1f}-{max(v):.1f}]" for v in times.values()]
         ratio = np.array(times["row"]) / np.array(times["replicated"])
         cpu_ratio = np.array(cpu["replicated"]) / np.array(cpu["jnp.take"])
-        cpu_cells = [f"{np.median(cpu[k]):7.2f} [{min(cpu[k]):.1f}-{max(cpu[k]):.1f}]" for k in ("replicated", "jnp.take")]
+        cpu_cells = [f"{np.median(cpu[k]):7.2f} [{min(cpu[k]):.1f}-{max(cpu[k]):.1f}]"
+                     for k in ("replicated", "jnp.take")]
         print(f"{size:>10} {rows * dim * 4 / 1024:6.0f} " + " ".join(f"{c:>18}" for c in cells)
               + f" {np.median(ratio):6.2f} [{ratio.min():.2f}-{ratio.max():.2f}] {cpu_cells[0]:>19} {cpu_cells[1]:>16}"
               + f" {np.median(cpu_ratio):6.2f} [{cpu_ratio.min():.2f}-{cpu_ratio.max():.2f}]", flush=True)

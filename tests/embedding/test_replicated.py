@@ -57,7 +57,9 @@ RULES = {
     "Adagrad, weight decay": (AdagradParameters(0.5, weight_decay_factor=0.1), {}, False),
     "SGD, weight clipping": (StochasticGradientDescentParameters(0.5, clip_weight_max=0.05), {}, False),
     "SGD, gradient clip above 0": (StochasticGradientDescentParameters(0.5, clip_gradient_min=0.01), {}, False),
-    "Adagrad, gradient multiplier": (AdagradParameters(0.5), {"experimental_gradient_multiplier_fn": lambda s: 2.0}, False),
+    "Adagrad, gradient multiplier": (
+        AdagradParameters(0.5), {"experimental_gradient_multiplier_fn": lambda s: 2.0}, False,
+    ),
 }
 
 
