@@ -1,6 +1,6 @@
 """Large embeddings: tables sharded over 8 devices (ours) vs replicated tables + `jnp.take`.
 
-    .venv/bin/python benchmarks/embedding.py [--rounds N] [--quick] [--with-row]
+    .venv/bin/python benchmarks/embedding.py [--rounds N] [--quick] [--with-row] [--with-replicated] [--steps N]
     .venv/bin/python benchmarks/embedding.py --scaling [--rounds N]
     .venv/bin/python benchmarks/embedding.py --big-batch [--rounds N]
     .venv/bin/python benchmarks/embedding.py --compile [--rounds N]
@@ -29,7 +29,11 @@ sigmoid cross-entropy; Adagrad (learning rate 0.1) for every variable.
   holds 1/8 of the table and slot) or replicated ones (small tables); lookups
   and the lazy Adagrad update of the looked-up rows run in the compiled loop.
   `--with-row` adds "ours (every table 'row')": `TableConfig(sharding="row")`,
-  the placement before the planner, in the same interleaved rounds.
+  the placement before the planner, in the same interleaved rounds; `--with-replicated`
+  "ours (every table 'replicated')" (`TableConfig(sharding="replicated")`: the hand-written
+  reference's placement). Each call runs `--steps` steps (default 50, one loop): a call's
+  fixed cost (its final checkpoint, which the hand-written loop does not write) is
+  spread over them.
 - reference: the obvious hand-written version: tables are ordinary parameters
   replicated on every device, looked up with `jnp.take` (masked mean),
   `optax.adagrad` on everything, data-parallel with `jax.jit` + NamedSharding
@@ -113,7 +117,7 @@ def embedding_spec(shapes: dict, sharding: str | None = None) -> te.EmbeddingCon
     )
 
 
-def estimator(shapes: dict, sharding: str | None = None) -> te.TPUEstimator:
+def estimator(shapes: dict, sharding: str | None = None, steps: int = STEPS) -> te.TPUEstimator:
     spec = embedding_spec(shapes, sharding)
 
     def model_fn(features, labels, mode, params):
@@ -122,7 +126,7 @@ def estimator(shapes: dict, sharding: str | None = None) -> te.TPUEstimator:
 
     config = te.RunConfig(
         model_dir=tempfile.mkdtemp(prefix="bench_emb_"), save_checkpoints_secs=None, save_checkpoints_steps=None,
-        log_step_count_steps=None, save_summary_steps=None, tpu_config=te.TPUConfig(iterations_per_loop=STEPS),
+        log_step_count_steps=None, save_summary_steps=None, tpu_config=te.TPUConfig(iterations_per_loop=steps),
     )
     return te.TPUEstimator(model_fn, config=config, train_batch_size=BATCH, embedding_config_spec=spec)
 
@@ -567,6 +571,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="vocabularies / 10, 3 rounds unless --rounds")
     parser.add_argument("--scaling", action="store_true", help="only the weak-scaling table (1, 2, 4, 8 devices)")
     parser.add_argument("--with-row", action="store_true", help="also ours with every table row-sharded")
+    parser.add_argument("--with-replicated", action="store_true", help="also ours with every table replicated")
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"steps per train() call (default {STEPS})")
     parser.add_argument("--big-batch", action="store_true", help="only routed vs all-gathered at a global batch of 8,192")
     parser.add_argument("--compile", action="store_true", help="only the compile time of 26 routed tables")
     parser.add_argument("--fusion", action="store_true", help="only the embedding step: fused vs per-table exchanges")
@@ -585,14 +591,15 @@ def main(argv=None) -> int:
         fusion(tables(args.quick), rounds)
         return 0
     shapes = tables(args.quick)
-    batches = make_batches(shapes, STEPS)
+    steps = args.steps
+    batches = make_batches(shapes, steps)
     t0 = time.perf_counter()
 
     from tpu_estimator.embedding.plan import describe
 
-    est, probe = estimator(shapes), StateProbe()
+    est, probe = estimator(shapes, steps=steps), StateProbe()
     print("\n".join(describe(embedding_spec(shapes), jax.device_count())), flush=True)
-    est.train(lambda params: iter(batches), steps=STEPS, hooks=[probe])  # warm-up: compiles
+    est.train(lambda params: iter(batches), steps=steps, hooks=[probe])  # warm-up: compiles
     print(f"warm-up: ours {time.perf_counter() - t0:.0f} s", flush=True)
     emb = probe.state.extras["embedding"]  # (read now: the next call donates these buffers)
     ours_bytes = per_device_bytes((emb.tables, emb.slots))
@@ -602,35 +609,35 @@ def main(argv=None) -> int:
 
     def ours() -> float:
         t = time.perf_counter()
-        est.train(lambda params: iter(batches), steps=STEPS)
+        est.train(lambda params: iter(batches), steps=steps)
         return time.perf_counter() - t
 
     contenders = {"ours (planner)": ours, "replicated per-step": lambda: ref.per_step(batches),
                   "replicated scan": lambda: ref.scanned(batches)}
-    if args.with_row:
-        row = estimator(shapes, "row")
-        row.train(lambda params: iter(batches), steps=STEPS)  # warm-up: compiles
+    for plan in [p for p, asked in (("row", args.with_row), ("replicated", args.with_replicated)) if asked]:
+        other = estimator(shapes, plan, steps)
+        other.train(lambda params: iter(batches), steps=steps)  # warm-up: compiles
 
-        def ours_row() -> float:
+        def ours_plan(other=other) -> float:
             t = time.perf_counter()
-            row.train(lambda params: iter(batches), steps=STEPS)
+            other.train(lambda params: iter(batches), steps=steps)
             return time.perf_counter() - t
 
-        contenders["ours (every table 'row')"] = ours_row
+        contenders[f"ours (every table '{plan}')"] = ours_plan
     seconds = {k: [] for k in contenders}
     names = list(contenders)
     for r in range(rounds):
         for k in names[r % len(names):] + names[: r % len(names)]:
             seconds[k].append(contenders[k]())
-            print(f"  round {r + 1}: {k} {seconds[k][-1] / STEPS * 1e3:.1f} ms/step", flush=True)
+            print(f"  round {r + 1}: {k} {seconds[k][-1] / steps * 1e3:.1f} ms/step", flush=True)
 
     print(f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} devices, global batch {BATCH}, "
-          f"{STEPS} steps per call, {rounds} interleaved rounds; tables (rows x dim, ids/example): "
+          f"{steps} steps per call, {rounds} interleaved rounds; tables (rows x dim, ids/example): "
           + ", ".join(f"{v:,}x{d} ({w})" for v, d, w in shapes.values()))
-    print(f"{'contender':26} {'ms/step median [min-max]':>24} {'examples/s median':>18}")
+    print(f"{'contender':33} {'ms/step median [min-max]':>24} {'examples/s median':>18}")
     for k, s in seconds.items():
-        ms = np.array(s) / STEPS * 1e3
-        print(f"{k:26} {np.median(ms):8.1f} [{ms.min():.1f}-{ms.max():.1f}]".ljust(52)
+        ms = np.array(s) / steps * 1e3
+        print(f"{k:33} {np.median(ms):8.1f} [{ms.min():.1f}-{ms.max():.1f}]".ljust(59)
               + f"{BATCH * 1e3 / np.median(ms):14,.0f}")
     faster = np.minimum(seconds["replicated per-step"], seconds["replicated scan"])
     for k in [k for k in names if k.startswith("ours")]:

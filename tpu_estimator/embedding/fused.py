@@ -20,7 +20,8 @@ ids are. Per step and group, a device
 
 A group of one table is exactly the per-table exchange. Replicated tables get the
 same treatment for their one collective (`replicated_gradients`): one all-reduce of
-every replicated table's dense gradient and touched rows, not one per table.
+every replicated table's dense gradient (and touched rows, where the optimizer needs
+them), not one per table.
 """
 
 from __future__ import annotations
@@ -184,7 +185,10 @@ def replicated_gradients(
     """table -> (its dense [V, dim] gradient summed over the replicas, the rows any replica
     looked up), for the replicated tables `names`: each replica's id gradients added into
     dense tables, then ONE all-reduce of them all (bytes flat in the device count: the
-    tables' size, whatever the batch)."""
+    tables' size, whatever the batch). The rows looked up are None where the optimizer
+    leaves a row alone on a zero gradient (`updates.zero_gradient_keeps_rows`: the dense
+    update then equals the lazy one, so no mask is counted, all-reduced or applied)."""
+    counted = not updates.zero_gradient_keeps_rows(spec)
     local = {}
     for table in names:
         features = spec.features_of(table)
@@ -193,7 +197,7 @@ def replicated_gradients(
         flat = jnp.concatenate([ids[f].reshape(-1) for f in features])
         rows = jnp.where(flat >= 0, flat, vocabulary)  # padding: out of range, dropped
         dense = jnp.zeros((vocabulary, dim), jnp.float32).at[rows].add(per_id, mode="drop")
-        count = jnp.zeros((vocabulary,), jnp.float32).at[rows].add(1.0, mode="drop")
+        count = jnp.zeros((vocabulary,), jnp.float32).at[rows].add(1.0, mode="drop") if counted else None
         local[table] = (dense, count)
     summed = lax.psum(local, axis)
-    return {t: (dense, count > 0) for t, (dense, count) in summed.items()}
+    return {t: (dense, None if count is None else count > 0) for t, (dense, count) in summed.items()}

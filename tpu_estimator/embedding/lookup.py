@@ -52,9 +52,12 @@ examples alone (no collective forward); the backward adds the replica's id
 gradients into a dense [V, dim] gradient, all-reduced with the rows touched (one
 all-reduce for every replicated table, embedding/fused.py), and
 every device applies the same lazy update (as data parallelism with dense table
-gradients; bytes flat in N); "column" ones gather the global batch, combine this
-device's columns and `all_to_all` the [B, dim/N] partials into each replica's
-[b, dim] (the gradients travel back the same way).
+gradients; bytes flat in N); with SGD or Adagrad, which leave a row with a zero
+gradient as it is (`updates.zero_gradient_keeps_rows`), the update is dense and the
+rows touched are neither counted nor all-reduced (the hand-written `jnp.take` step).
+"Column" ones gather the global batch, combine this device's columns and
+`all_to_all` the [B, dim/N] partials into each replica's [b, dim] (the gradients
+travel back the same way).
 
 On one device (`Collectives()` with no axes) the all-gather code runs without
 collectives and with one shard.
@@ -171,7 +174,10 @@ def table_layouts(spec: EmbeddingConfigSpec, num_shards: int) -> dict[str, Table
 
 
 def _owned(layout: TableLayout, ids: Any, shard: Any) -> tuple[Any, Any]:
-    """(mask of the ids this shard owns, their local rows; 0 where not owned)."""
+    """(mask of the ids this shard owns, their local rows; 0 where not owned). One shard (a
+    replicated or column table, one device): every valid id, its row the id itself."""
+    if layout.num_shards == 1:
+        return ids >= 0, jnp.maximum(ids, 0)
     owner, row = layout.place(jnp.maximum(ids, 0))
     mine = (ids >= 0) & (owner == shard)
     return mine, jnp.where(mine, row, 0)
@@ -204,7 +210,8 @@ def lookup_local(
         mine, rows = _owned(layouts[table], all_ids, coll.shard_index() if plan == "row" else 0)
         local = tables[table]
         gathered = jnp.take(local, rows, axis=0).astype(jnp.float32)  # [B, width, dim]
-        scaled = gathered * jnp.where(mine, coef, 0.0)[..., None]
+        # coef is 0 for padding: with one shard every other id is this device's
+        scaled = gathered * (coef if layouts[table].num_shards == 1 else jnp.where(mine, coef, 0.0))[..., None]
         partial = scaled if spec.features[feature].max_sequence_length else scaled.sum(axis=1)
         if plan == "row":
             partial = coll.scatter_batch(partial)

@@ -11,12 +11,16 @@
 
 `TableConfig(sharding=...)` picks one; None (the default) lets `choose` decide: with more
 than one device, a table of at most `REPLICATE_MAX_BYTES` (rows x dimension x 4 bytes:
-256 KiB) is replicated, others are row-sharded. The bound is measured, not argued
+1 MiB) is replicated, others are row-sharded. The bound is measured, not argued
 (`benchmarks/embedding_plans.py`, one table's training step on 8 CPU devices, a global
-batch of 1,024 with 4 ids per example): replicated tables were faster up to 2,000 x 32
-(256 KB), row-sharded ones from 5,000 x 32 (640 KB) on: the fixed cost of the row
-scheme's collectives against the dense gradient's all-reduce and update, which grow
-with the table. Column-wise is never chosen automatically (nothing measured here shows
+batch of 1,024 with 4 ids per example, 7 rounds): replicated tables were faster up to
+7,500 x 32 (938 KiB; row / replicated 1.17), even at 10,000 x 32 (1.25 MiB: 1.02),
+row-sharded ones from 15,000 x 32 (1.9 MiB: 0.87) on: the row scheme's collectives cost
+about the same whatever the table, the dense gradient's all-reduce and update grow with
+it. The bound grows with the batch (the row scheme's exchange carries the ids, the dense
+gradient the table): at a global batch of 4,096 replicating 20,000 x 32 (2.5 MiB) was
+still 2x faster; the planner does not see the batch and keeps the bound of 1,024.
+Column-wise is never chosen automatically (nothing measured here shows
 it faster); use it for wide tables.
 
 With one device every plan is the same (the whole table there): all resolve to "row".
@@ -36,7 +40,7 @@ from tpu_estimator.embedding.config import EmbeddingConfigSpec, TableConfig
 
 Plan = Literal["row", "column", "replicated"]
 PLAN_CODES = ("row", "replicated", "column")  # the plan codes of a saved layout
-REPLICATE_MAX_BYTES = 256 << 10  # float32 table bytes replicated at most (benchmarks/embedding_plans.py)
+REPLICATE_MAX_BYTES = 1 << 20  # float32 table bytes replicated at most (benchmarks/embedding_plans.py)
 
 log = logging.getLogger("tpu_estimator.embedding")
 

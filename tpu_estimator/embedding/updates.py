@@ -117,6 +117,34 @@ _RULES: dict[type, Callable[..., tuple[Any, Slots]]] = {
 }
 
 
+def zero_gradient_keeps_rows(spec: EmbeddingConfigSpec) -> bool:
+    """Whether `spec`'s optimizer leaves a row and its slots exactly as they are when the row's
+    gradient is 0, so that updating every row with the dense gradient (0 where no id looked the
+    row up) equals the lazy update of the rows looked up, with no mask of the rows touched.
+
+    True for SGD (`w - lr * 0 = w`) and Adagrad (`acc + 0 * 0 = acc`, `w - lr * 0 / sqrt(acc)
+    = w`; acc >= initial_accumulator > 0), unless something moves rows on a zero gradient:
+    weight decay, weight clipping (a row outside the limits would be clipped), a gradient
+    clip interval without 0 (`clip_gradient_min > 0` or `clip_gradient_max < 0` turns 0 into
+    a limit), a gradient multiplier (kept lazy: a user function). False for FTRL (the new
+    weight is recomputed from the slots: `linear` = 0 gives w = 0, not the initial value) and
+    Adam (the moments decay). Assumes a finite learning rate (an infinite one makes the rows
+    looked up NaN either way).
+    """
+    opt = spec.optimization_parameters
+    if not isinstance(opt, (StochasticGradientDescentParameters, AdagradParameters)):
+        return False
+    moves_rows = (
+        bool(opt.weight_decay_factor)
+        or opt.clip_weight_min is not None
+        or opt.clip_weight_max is not None
+        or (opt.clip_gradient_min is not None and opt.clip_gradient_min > 0)
+        or (opt.clip_gradient_max is not None and opt.clip_gradient_max < 0)
+        or spec.experimental_gradient_multiplier_fn is not None
+    )
+    return not moves_rows
+
+
 @dataclasses.dataclass(frozen=True)
 class TableRule:
     """The embedding optimizer of one table at one step, on a device's block."""
