@@ -32,10 +32,11 @@ import logging
 from typing import Literal
 
 from tpu_estimator.api.checks import message
+from tpu_estimator.embedding import tablewise
 from tpu_estimator.embedding.config import EmbeddingConfigSpec, TableConfig
 
-Plan = Literal["row", "column", "replicated"]
-PLAN_CODES = ("row", "replicated", "column")  # the plan codes of a saved layout
+Plan = Literal["row", "column", "replicated", "table"]
+PLAN_CODES = ("row", "replicated", "column", "table")  # the plan codes of a saved layout (layout.TABLE_PLAN)
 REPLICATE_MAX_BYTES = 256 << 10  # float32 table bytes replicated at most (benchmarks/embedding_plans.py)
 
 log = logging.getLogger("tpu_estimator.embedding")
@@ -85,15 +86,19 @@ def check_plans(spec: EmbeddingConfigSpec, num_shards: int, *, columns_ok: bool 
 
 
 def describe(spec: EmbeddingConfigSpec, num_shards: int) -> list[str]:
-    """One line per table: its name, shape, plan and whether it was chosen or asked for."""
+    """One line per table: its name, shape, plan (a table-wise table's device) and whether it
+    was chosen or asked for."""
+    plans = table_plans(spec, num_shards)
+    placed = {t: layout for s in tablewise.stacks(spec, plans, num_shards) for t, layout in s.members}
     lines = []
-    for name, plan in table_plans(spec, num_shards).items():
+    for name, plan in plans.items():
         config = spec.tables[name]
         why = "TableConfig(sharding=...)" if config.sharding is not None else "planner"
         mib = config.vocabulary_size * config.dimension * 4 / 2**20
+        where = f"on device {placed[name].device} of {num_shards}" if name in placed else f"over {num_shards} device(s)"
         lines.append(
             f"embedding table {name!r} ({config.vocabulary_size:,} x {config.dimension}, {mib:.2f} MiB): "
-            f"{plan} over {num_shards} device(s) ({why})"
+            f"{plan} {where} ({why})"
         )
     return lines
 
