@@ -1,7 +1,7 @@
 """Table-wise tables (embedding/tablewise.py): whole tables on one device each, stacked.
 
 The packer balances rows and lookups; mixed with row-sharded and replicated tables,
-table-wise ones look up and train as on 1 device (both partition strategies), each
+table-wise ones look up and train as on 1 device (either partition strategy), each
 device holding only its own tables; the compiled step's collective bytes per device
 do not grow with the device count; through the estimator, 8 replicas train, evaluate
 and predict as 1 device, `load_variable` reads each whole table by its name, and a
@@ -26,7 +26,7 @@ from tests.embedding.test_collective_bytes import collective_bytes
 from tpu_estimator.embedding import AdagradParameters, EmbeddingConfigSpec, FeatureConfig, TableConfig
 from tpu_estimator.embedding.component import EmbeddingTables
 from tpu_estimator.embedding.lookup import Collectives
-from tpu_estimator.embedding.plan import describe
+from tpu_estimator.embedding.plan import TABLE_WISE_MAX_PADDING, describe, table_plans
 from tpu_estimator.embedding.replica import lookup_in_replica, state_specs, update_in_replica
 from tpu_estimator.embedding.sharded import ShardedTables
 from tpu_estimator.embedding.tablewise import pack, stacks
@@ -106,8 +106,30 @@ def test_stacks_group_tables_a_row_table_could_share_and_are_logged_with_their_d
     assert stacks(spec, ShardedTables(spec, mesh(1)).plans, 1) == ()  # one device: every table whole there
 
 
-@pytest.mark.parametrize("strategy", ["div", "mod"])
-def test_table_wise_tables_step_like_1_device_each_on_its_device(strategy):
+def test_the_planner_stacks_tables_that_fill_the_devices_evenly():
+    """Tables too big to replicate, of one dimension, that pack with at most
+    TABLE_WISE_MAX_PADDING stored rows per row: table-wise; the biggest left out by rows;
+    overrides and other dimensions keep their plans."""
+    sizes = {f"m{i}": (20_000, 32) for i in range(8)} | {"wide": (30_000, 32), "huge": (3_000_000, 32),
+                                                          "tiny": (100, 32), "asked": (20_000, 32)}
+    sizes |= {f"d{i}": (20_000, 16) for i in range(3)}  # 3 tables over 8 devices: 2.7x padding
+    configs = {t: TableConfig(v, d, sharding="row" if t == "asked" else None) for t, (v, d) in sizes.items()}
+    spec = EmbeddingConfigSpec(
+        feature_to_config_dict={f"f_{t}": FeatureConfig(t) for t in configs}, table_to_config_dict=configs,
+        optimization_parameters=AdagradParameters(0.1),
+    )
+    plans = table_plans(spec, 8)
+    assert {t for t, p in plans.items() if p == "table"} == {f"m{i}" for i in range(8)}
+    assert plans["wide"] == plans["huge"] == plans["asked"] == plans["d0"] == "row" and plans["tiny"] == "replicated"
+    assert table_plans(spec, 4)["wide"] == "row"  # on 4 devices too: with it, 1.26 stored rows per row
+    assert {p for p in table_plans(spec, 1).values()} == {"row"}
+    assert TABLE_WISE_MAX_PADDING == 1.25
+
+
+def test_table_wise_tables_step_like_1_device_each_on_its_device():
+    """'mod' (the estimator tests below: 'div'): a stacked id i of a table at (device d,
+    offset o) is the stack's id (o + i) x N + d."""
+    strategy = "mod"
     spec = make_spec(strategy)
     results = {}
     for n in (1, 8):

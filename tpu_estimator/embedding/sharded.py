@@ -92,7 +92,8 @@ class ShardedTables:
     @property
     def stored_spec(self) -> EmbeddingConfigSpec:
         """The spec the lookups and updates run on: each stack one row-sharded table."""
-        return tablewise.storage_spec(self.spec, self.stacks)
+        plans = self.plans
+        return tablewise.storage_spec(self.spec, tablewise.stacks(self.spec, plans, self.num_shards), plans)
 
     def stored_ids(self, ids: Mapping[str, Any]) -> dict[str, Any]:
         """`ids` as `stored_spec`'s: a stacked table's ids moved to its rows of the stack."""

@@ -114,6 +114,30 @@ def _key(config: TableConfig) -> tuple[Any, ...]:
     return (config.dimension, config.combiner, config.learning_rate, id(config.learning_rate_fn))
 
 
+def padding(spec: EmbeddingConfigSpec, names: list[str], num_shards: int) -> float:
+    """Stored rows / table rows of the tables `names` (of one stack) packed over `num_shards`
+    devices: 1.0 when every device holds as many rows."""
+    sizes = {t: (spec.tables[t].vocabulary_size, expected_lookups(spec, t)) for t in names}
+    rows = max(o + sizes[t][0] for t, (_, o) in pack(sizes, num_shards).items())
+    return num_shards * rows / sum(v for v, _ in sizes.values())
+
+
+def fitting(spec: EmbeddingConfigSpec, names: list[str], num_shards: int, max_padding: float) -> list[str]:
+    """Of the tables `names`, those a stack holds with at most `max_padding` stored rows per
+    table row: per stack key, the smallest tables, the biggest left out until they fit
+    (the planner's table-wise rule, embedding/plan.py)."""
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for name in sorted(names, key=lambda t: (spec.tables[t].vocabulary_size, t)):
+        groups.setdefault(_key(spec.tables[name]), []).append(name)
+    out = []
+    for group in groups.values():
+        while len(group) > 1 and padding(spec, group, num_shards) > max_padding:
+            group = group[:-1]
+        if len(group) > 1 and padding(spec, group, num_shards) <= max_padding:
+            out.extend(group)
+    return out
+
+
 def stacks(spec: EmbeddingConfigSpec, plans: Mapping[str, str], num_shards: int) -> tuple[Stack, ...]:
     """The stacks of the tables whose plan is "table" over `num_shards` devices (none on one
     device), in the order of their first table's name."""
@@ -160,13 +184,16 @@ def stacks(spec: EmbeddingConfigSpec, plans: Mapping[str, str], num_shards: int)
     return tuple(out)
 
 
-def storage_spec(spec: EmbeddingConfigSpec, stacked: tuple[Stack, ...]) -> EmbeddingConfigSpec:
+def storage_spec(
+    spec: EmbeddingConfigSpec, stacked: tuple[Stack, ...], plans: Mapping[str, str]
+) -> EmbeddingConfigSpec:
     """`spec` with each stack as one row-sharded table in place of its tables (their features
-    looking it up): what the lookups and updates run on. `spec` itself without stacks."""
+    looking it up), each other table's plan pinned (`plans`: the planner's, on `spec`): what
+    the lookups and updates run on. `spec` itself without stacks."""
     if not stacked:
         return spec
     where = {t: s.name for s in stacked for t, _ in s.members}
-    tables = {t: c for t, c in spec.tables.items() if t not in where}
+    tables = {t: dataclasses.replace(c, sharding=plans[t]) for t, c in spec.tables.items() if t not in where}
     tables.update({s.name: s.config for s in stacked})
     features = {
         f: FeatureConfig(where.get(t, t), max_sequence_length=spec.features[f].max_sequence_length,
