@@ -126,6 +126,26 @@ def test_the_planner_stacks_tables_that_fill_the_devices_evenly():
     assert TABLE_WISE_MAX_PADDING == 1.25
 
 
+def test_what_cannot_be_stacked_or_split_is_an_error_naming_the_tables():
+    def spec_of(tables):
+        return EmbeddingConfigSpec(
+            feature_to_config_dict={f"f{t}": FeatureConfig(t) for t in tables}, table_to_config_dict=tables,
+            optimization_parameters=AdagradParameters(0.1),
+        )
+
+    clash = spec_of({"_tablewise_0": TableConfig(10, 4), "t": TableConfig(10, 4, sharding="table")})
+    with pytest.raises(ValueError, match=r"'_tablewise_'.*table names=\['_tablewise_0'\].*Rename"):
+        stacks(clash, table_plans(clash, 8), 8)
+    huge = spec_of({f"t{i}": TableConfig(2**30, 4, sharding="table") for i in range(3)})
+    with pytest.raises(ValueError, match=r"int32.*tables=\['t0', 't1', 't2'\], 2 x 2147483648.*sharding='row'"):
+        stacks(huge, table_plans(huge, 2), 2)
+    wide = spec_of({"w": TableConfig(1_000, 256)})  # 1 MB, dimension 256: the planner splits its columns
+    assert table_plans(wide, 8) == {"w": "column"}
+    two_axes = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+    with pytest.raises(ValueError, match=r"'w'.*the planner's 'column' \(dimension 256\).*sharding='row'"):
+        ShardedTables(wide, two_axes).plans
+
+
 def test_table_wise_tables_step_like_1_device_each_on_its_device():
     """'mod' (the estimator tests below: 'div'): a stacked id i of a table at (device d,
     offset o) is the stack's id (o + i) x N + d."""
