@@ -18,13 +18,12 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.embedding.config import EmbeddingConfigSpec
-from tpu_estimator.embedding.initial import storage_order
+from tpu_estimator.embedding.initial import stack_in_place, storage_order
 from tpu_estimator.embedding import tablewise
 from tpu_estimator.embedding.layout import STRATEGIES, code_of, saved_layouts, storage_keys
 from tpu_estimator.embedding.lookup import Collectives, apply_local, lookup_local, table_layouts
@@ -145,20 +144,21 @@ class ShardedTables:
         layouts, shardings, stacks = self.layouts, self.table_shardings(), self.stacks
         stacked = {t for s in stacks for t, _ in s.members}
         names = slot_initial_values(self.spec.optimization_parameters) if with_slots else {}
-        tables, drawn = {}, {}
-        for i, (name, config) in enumerate(self.spec.tables.items()):
+        tables, index = {}, {t: i for i, t in enumerate(self.spec.tables)}
+
+        def drawn(name: str, k: Any) -> Any:  # the table's whole initial value (its key: its index)
+            config = self.spec.tables[name]
             shape = (config.vocabulary_size, config.dimension)
-            logical = jnp.asarray(config.init_fn()(jax.random.fold_in(key, i), shape, dtype), dtype)
-            if name in stacked:  # a whole table: drawn whole, then put in its stack
-                drawn[name] = logical
+            return jnp.asarray(config.init_fn()(jax.random.fold_in(k, index[name]), shape, dtype), dtype)
+
+        for name in self.spec.tables:
+            if name in stacked:
                 continue
+            logical = drawn(name, key)
             # each device draws and orders only its part (embedding/initial.py)
             tables[name] = storage_order(logical, layouts[name], shardings[name])
-        for stack in stacks:
-            block = jnp.zeros((stack.storage_rows, stack.config.dimension), dtype)
-            for t, member in stack.members:
-                block = lax.dynamic_update_slice(block, drawn[t], (member.start, 0))
-            tables[stack.name] = jax.lax.with_sharding_constraint(block, shardings[stack.name])
+        for stack in stacks:  # each device draws the tables packed onto it alone
+            tables[stack.name] = stack_in_place(stack, drawn, key, self.mesh, self.axes, dtype)
         slots = {
             t: {k: jnp.full((layouts[t].storage_rows, self.stored_spec.tables[t].dimension), v, jnp.float32)
                 for k, v in names.items()}
