@@ -179,6 +179,10 @@ def test_table_wise_tables_step_like_1_device_each_on_its_device():
             held = np.asarray(shard.data)[member.offset : member.offset + member.vocabulary_size]
             np.testing.assert_array_equal(held, logical[t])
     assert np.asarray(state8.layout[tables8.stacks[2].name]["tc"]).tolist()[:4] == [17, 8, ["div", "mod"].index(strategy), 3]
+    placed = tables8.place(logical)  # warm start's way back: whole tables into their stacks
+    for name, array in placed.tables.items():
+        np.testing.assert_array_equal(np.asarray(array), np.asarray(state8.tables[name]), err_msg=name)
+        assert array.sharding == state8.tables[name].sharding
 
 
 def _step_hlo(spec, n):
@@ -203,8 +207,9 @@ def _step_hlo(spec, n):
 
 def test_table_wise_collective_bytes_per_device_are_flat_in_the_device_count():
     """8 table-wise tables (one stack), 32 examples x 4 ids per device and feature: on 2, 4
-    and 8 devices each device holds 4, 2, 1 whole tables and exchanges about the same bytes
-    (ids routed to the one device holding their table: `[N, C]` buffers, C ~ 2 M / N)."""
+    and 8 devices each device holds 4, 2, 1 whole tables and exchanges the same bytes (ids
+    routed to the one device holding their table: `[N, C]` buffers, C ~ 2 M / N; the
+    all-gathered scheme's grow with N: tests/embedding/test_collective_bytes.py)."""
     spec = EmbeddingConfigSpec(
         feature_to_config_dict={f"f{i}": FeatureConfig(f"t{i}") for i in range(8)},
         table_to_config_dict={f"t{i}": TableConfig(500, 16, sharding="table") for i in range(8)},
@@ -215,7 +220,7 @@ def test_table_wise_collective_bytes_per_device_are_flat_in_the_device_count():
         found = collective_bytes(_step_hlo(spec, n))
         assert set(found) == {"all-to-all", "all-reduce"}, found
         totals[n] = sum(found.values())
-    assert max(totals.values()) <= 1.3 * min(totals.values()), totals
+    assert len(set(totals.values())) == 1, totals  # the same static buffers: 417,792 bytes at each N
 
 
 def test_storage_rows_map_between_a_stack_and_the_other_layouts():

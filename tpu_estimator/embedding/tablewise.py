@@ -16,6 +16,7 @@ The state keys a stack as `_tablewise_<k>` (tables and slots), and its saved lay
 `{stack: {table: code}}` (embedding/layout.py `MemberLayout`: each table's device, offset
 and R), so checkpoints, `load_variable` and exports still see each whole logical table by
 its name, and a checkpoint restores across plans and device counts (embedding/restore.py).
+Each device draws only the tables packed onto it (embedding/initial.py `stack_in_place`).
 
 `pack`: greedy, biggest table first, each onto the device holding the fewest of the
 stack's rows so far (the stack's R, its memory on every device, is the largest device's
