@@ -32,10 +32,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tpu_estimator.api.checks import message
 from tpu_estimator.embedding.config import EmbeddingConfigSpec
 from tpu_estimator.embedding.inputs import prepare_features
-from tpu_estimator.embedding.layout import saved_layouts
+from tpu_estimator.embedding.layout import flat_codes, saved_layouts, storage_keys
 from tpu_estimator.embedding.lookup import Collectives
 from tpu_estimator.embedding.plan import check_plans, log_plans
-from tpu_estimator.embedding.restore import RowReader, read_sharded
+from tpu_estimator.embedding.restore import RowReader, read_sharded, read_stacked
 from tpu_estimator.embedding.replica import (
     lookup_in_replica,
     placeholder_activations,
@@ -89,10 +89,10 @@ class EmbeddingTables:
         return self.tables.build(key, with_slots=state.opt_state is not None)
 
     def specs(self, extra: EmbeddingState, state_specs_: Any) -> EmbeddingState:
-        return state_specs(extra, self.tables.plans)  # over "data" by plan (the mesh's and the per-replica programs')
+        return state_specs(extra, self.tables.stored_plans)  # over "data" by plan (the mesh's and the per-replica programs')
 
     def replica_specs(self, extra: EmbeddingState) -> EmbeddingState:
-        return state_specs(extra, self.tables.plans)
+        return state_specs(extra, self.tables.stored_plans)
 
     def after_step(self, extra: EmbeddingState, state: Any) -> EmbeddingState:
         return extra  # updated in `update`
@@ -119,8 +119,9 @@ class EmbeddingTables:
         """This replica's activations (`features[name]`); `extra` may be an export's whole
         tables (name -> array), looked up on one device."""
         ids, weights = inputs
-        state = extra if isinstance(extra, EmbeddingState) else one_device_state(extra)
-        return lookup_in_replica(self.spec, self.collectives, state, ids, weights)
+        if not isinstance(extra, EmbeddingState):  # an export's whole tables
+            return lookup_in_replica(self.spec, self.collectives, one_device_state(extra), ids, weights)
+        return lookup_in_replica(self.tables.stored_spec, self.collectives, extra, self.tables.stored_ids(ids), weights)
 
     def placeholders(self, features: Any) -> dict[str, Any]:
         """The features with zeros in place of the activations (to initialise model_fn)."""
@@ -130,7 +131,9 @@ class EmbeddingTables:
     def update(self, extra: EmbeddingState, inputs: Any, act_grads: dict[str, Any], step: Any) -> EmbeddingState:
         """The tables after the embedding optimizer's step on the rows looked up."""
         ids, weights = inputs
-        return update_in_replica(self.spec, self.collectives, extra, ids, weights, act_grads, step)
+        return update_in_replica(
+            self.tables.stored_spec, self.collectives, extra, self.tables.stored_ids(ids), weights, act_grads, step
+        )
 
     # --- checkpoints, warm start, export -----------------------------------------------
 
@@ -141,8 +144,10 @@ class EmbeddingTables:
         vocabulary sizes, dimensions)."""
         layout = saved_layout(saved, read)
         check_fits(self.spec, layout, (saved or {}).get("tables") or {})
-        mine = self.tables.layout_code()
-        return any(tuple(np.asarray(layout[t]).tolist()) != tuple(c.tolist()) for t, c in mine.items())
+        mine, theirs = self.tables.layout_code(), flat_codes(layout)
+        if storage_keys(mine) != storage_keys(layout):  # tables stacked otherwise
+            return True
+        return any(tuple(np.asarray(theirs[t]).tolist()) != tuple(c.tolist()) for t, c in flat_codes(mine).items())
 
     def from_checkpoint(
         self, saved: Any, read: Callable[[Any], Any], open_rows: Callable[[Any], RowReader], *, with_slots: bool
@@ -159,10 +164,13 @@ class EmbeddingTables:
         saved = saved or {}
         layout = saved_layout(saved, read)
         check_fits(self.spec, layout, saved.get("tables") or {})
-        layouts, mine, shardings = saved_layouts(layout), self.tables.layouts, self.tables.table_shardings()
+        layouts, keys, mine = saved_layouts(layout), storage_keys(layout), self.tables.layouts
+        shardings = self.tables.table_shardings()
         names = slot_initial_values(self.spec.optimization_parameters) if with_slots else {}
         saved_slots = saved.get("slots") or {}
-        missing = [f"{t}/{n}" for t in self.spec.tables for n in names if n not in (saved_slots.get(t) or {})]
+        missing = [
+            f"{t}/{n}" for t in self.spec.tables for n in names if n not in (saved_slots.get(keys[t]) or {})
+        ]
         if missing:
             raise ValueError(
                 message(
@@ -174,12 +182,24 @@ class EmbeddingTables:
                 )
             )
 
-        def load(table: str, leaf: Any) -> Any:
-            return read_sharded(open_rows(leaf), layouts[table], mine[table], shardings[table])
+        def leaf(table: str, slot: str | None) -> Any:
+            return saved["tables"][keys[table]] if slot is None else saved_slots[keys[table]][slot]
 
+        def load(table: str, slot: str | None) -> Any:
+            return read_sharded(open_rows(leaf(table, slot)), layouts[table], mine[table], shardings[table])
+
+        def load_stack(stack: Any, slot: str | None) -> Any:  # its tables from wherever they were saved
+            sources = [(open_rows(leaf(t, slot)), layouts[t], member) for t, member in stack.members]
+            return read_stacked(sources, shardings[stack.name])
+
+        plain, stacks = [t for t in self.spec.tables if t in mine], self.tables.stacks
+        tables = {t: load(t, None) for t in plain}
+        slots = {t: {n: load(t, n) for n in names} for t in plain}
+        for s in stacks:
+            tables[s.name] = load_stack(s, None)
+            slots[s.name] = {n: load_stack(s, n) for n in names}
         return EmbeddingState(
-            tables={t: load(t, saved["tables"][t]) for t in self.spec.tables},
-            slots={t: {n: load(t, saved_slots[t][n]) for n in names} for t in self.spec.tables},
+            tables=tables, slots=slots,
             layout=jax.device_put(self.tables.layout_code(), NamedSharding(self.tables.mesh, P())),
         )
 
@@ -218,28 +238,37 @@ class TableReader:
     checkpoint/variables.py; `saved` is the metadata of `extras/embedding`)."""
 
     def names(self, saved: Any) -> dict[str, tuple[Any, tuple[str, ...]]]:
-        """name -> (saved metadata, path inside the state) of each table and slot."""
-        saved = saved or {}
-        out: dict[str, tuple[Any, tuple[str, ...]]] = {}
-        for table, leaf in (saved.get("tables") or {}).items():
-            out[f"{NAME}/{table}"] = (leaf, ("tables", table))
-            for slot, slot_leaf in ((saved.get("slots") or {}).get(table) or {}).items():
-                out[f"{NAME}/{table}/{slot}"] = (slot_leaf, ("slots", table, slot))
-        return out
+        """name -> (saved metadata, path inside the state) of each table and slot (a stacked
+        table's: its stack's array, embedding/tablewise.py)."""
+        return {name: (leaf, path) for name, (leaf, path, _) in _variables(saved).items()}
 
     def shapes(self, saved: Any, read: Callable[[Any], Any]) -> dict[str, tuple[int, ...]]:
         """name -> logical shape (reads only the small layout arrays)."""
         layouts = saved_layouts(saved_layout(saved, read))
         return {
-            name: (layouts[path[1]].vocabulary_size, *tuple(leaf.shape)[1:])
-            for name, (leaf, path) in self.names(saved).items()
+            name: (layouts[table].vocabulary_size, *tuple(leaf.shape)[1:])
+            for name, (leaf, _, table) in _variables(saved).items()
         }
 
     def logical(self, saved: Any, read: Callable[[Any], Any], stored: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """`stored` (name -> the array as saved, in storage order) as whole logical tables."""
-        layouts = saved_layouts(saved_layout(saved, read))
-        paths = self.names(saved)
-        return {name: layouts[paths[name][1][1]].to_logical(value) for name, value in stored.items()}
+        layouts, tables = saved_layouts(saved_layout(saved, read)), _variables(saved)
+        return {name: layouts[tables[name][2]].to_logical(value) for name, value in stored.items()}
+
+
+def _variables(saved: Any) -> dict[str, tuple[Any, tuple[str, ...], str]]:
+    """name -> (saved metadata, path inside the state, table) of each table and slot; a
+    stacked table's path is its stack's array (its layout's metadata names its tables)."""
+    saved = saved or {}
+    out: dict[str, tuple[Any, tuple[str, ...], str]] = {}
+    layout = saved.get("layout") or {}
+    for key, leaf in (saved.get("tables") or {}).items():
+        stacked = layout.get(key)
+        for table in stacked if isinstance(stacked, Mapping) else [key]:
+            out[f"{NAME}/{table}"] = (leaf, ("tables", key), table)
+            for slot, slot_leaf in ((saved.get("slots") or {}).get(key) or {}).items():
+                out[f"{NAME}/{table}/{slot}"] = (slot_leaf, ("slots", key, slot), table)
+    return out
 
 
 def _two_d(x: Any) -> Any:

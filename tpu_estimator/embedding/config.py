@@ -18,7 +18,7 @@ from tpu_estimator.api.keywords import suggest_keywords
 from tpu_estimator.embedding.optimizers import OPTIMIZERS
 
 COMBINERS = ("sum", "mean", "sqrtn")
-SHARDINGS = ("row", "column", "replicated")  # TableConfig(sharding=...); embedding/plan.py
+SHARDINGS = ("row", "column", "replicated", "table")  # TableConfig(sharding=...); embedding/plan.py
 Initializer = Callable[[Any, tuple[int, ...], Any], Any]
 
 
@@ -50,7 +50,8 @@ class TableConfig:
         step (an int32 scalar, traced), as the original's; at most one of the two.
       sharding: How the table is placed on several devices: 'row' (rows over
         every device), 'column' (the dimension split over the devices; it must
-        be a multiple of the device count), 'replicated' (whole on every device);
+        be a multiple of the device count), 'replicated' (whole on every device),
+        'table' (whole on one device, tables placed to balance rows and lookups);
         None (default): the planner's choice (embedding/plan.py: small tables
         replicated, others row-sharded). One device holds every table whole.
 
@@ -67,14 +68,15 @@ class TableConfig:
     name: str | None = None
     learning_rate: float | None = None
     learning_rate_fn: Callable[[Any], Any] | None = None
-    sharding: Literal["row", "column", "replicated"] | None = None
+    sharding: Literal["row", "column", "replicated", "table"] | None = None
 
     def __post_init__(self) -> None:
         self._check_learning_rate()
         if self.sharding is not None and self.sharding not in SHARDINGS:
             raise ValueError(
                 message(
-                    "`TableConfig(sharding=...)` must be 'row', 'column', 'replicated' or None (the planner's choice).",
+                    "`TableConfig(sharding=...)` must be 'row', 'column', 'replicated', 'table' or None "
+                    "(the planner's choice).",
                     f"sharding={self.sharding!r}",
                     "Pass one of those, or leave it None.",
                 )

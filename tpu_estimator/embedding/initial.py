@@ -13,16 +13,19 @@ The values are those of the unsplit draw, exactly.
 Per device, the init program then holds its shard plus a few shard-sized temporaries
 (threefry's counters), whatever the device count: `compiled.memory_analysis()` in
 tests/embedding/test_initial.py. An initializer XLA cannot split (e.g. orthogonal's QR)
-is computed whole on each device, as before, and still placed by rows.
+is computed whole on each device, as before, and still placed by rows. A stack of
+table-wise tables (`stack_in_place`) is drawn table by table on the one device holding
+each.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from tpu_estimator.embedding.layout import TableLayout
 
@@ -53,3 +56,29 @@ def _pad(x: Any, rows: int) -> Any:
     if rows == x.shape[0]:
         return x
     return jnp.concatenate([x, jnp.zeros((rows - x.shape[0], *x.shape[1:]), x.dtype)])
+
+
+def stack_in_place(
+    stack: Any, draw: Callable[[str, Any], Any], key: Any, mesh: Mesh, axes: tuple[str, ...], dtype: Any
+) -> Any:
+    """A stack of whole tables (embedding/tablewise.py) in storage order, sharded by rows over
+    `axes`: each device draws only the tables packed onto it (`draw(table, key)`: its whole
+    initial value, the same as on one device), one `lax.switch` branch per device, so no
+    device computes another's tables."""
+    rows, dim = stack.rows_per_shard, stack.config.dimension
+
+    def block(device: int) -> Callable[[Any], Any]:
+        def make(k: Any) -> Any:
+            out = jnp.zeros((rows, dim), dtype)
+            for table, member in stack.members:
+                if member.device == device:
+                    out = lax.dynamic_update_slice(out, draw(table, k).astype(dtype), (member.offset, 0))
+            return out
+
+        return make
+
+    def body(k: Any) -> Any:
+        index = lax.axis_index(axes if len(axes) > 1 else axes[0])
+        return lax.switch(index, [block(d) for d in range(stack.num_shards)], k)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P(axes), check_vma=False)(key)

@@ -11,6 +11,9 @@ by rows over the N devices, so device d holds storage rows
 
 `to_logical`/`to_storage` convert whole tables (checkpoints, warm start,
 `get_variable_value`, serving see logical tables).
+
+A table-wise table (embedding/tablewise.py) is one of the whole tables of a stack: its
+`MemberLayout` places all its rows on one device, at an offset of the stack's block.
 """
 
 from __future__ import annotations
@@ -65,14 +68,74 @@ class TableLayout:
         return storage[: self.vocabulary_size]
 
 
+@dataclasses.dataclass(frozen=True)
+class MemberLayout:
+    """A whole table of `vocabulary_size` rows on `device`, from local row `offset` of a stack
+    of `rows_per_shard` rows per device over `num_shards` devices (embedding/tablewise.py):
+    its logical row r is the stack's storage row `device * rows_per_shard + offset + r`."""
+
+    vocabulary_size: int
+    num_shards: int
+    device: int
+    offset: int
+    rows_per_shard: int
+
+    strategy = "div"  # the stack's storage order (device by device)
+
+    @property
+    def start(self) -> int:
+        """The stack's storage row of logical row 0."""
+        return self.device * self.rows_per_shard + self.offset
+
+    @property
+    def storage_rows(self) -> int:
+        return self.rows_per_shard * self.num_shards
+
+    def place(self, ids: Any) -> tuple[Any, Any]:
+        """(shard, local row) of each id: all on `device`."""
+        return ids * 0 + self.device, ids + self.offset
+
+    def to_logical(self, storage: Any) -> np.ndarray:
+        """The stack's `[storage_rows, ...]` -> this table's `[V, ...]` (a numpy array)."""
+        return np.asarray(storage[self.start : self.start + self.vocabulary_size])
+
+
 STRATEGIES = ("div", "mod")  # the strategy codes of a saved layout
+TABLE_PLAN = 3  # plan.PLAN_CODES.index("table"): a stacked table's code is 7 ints
 
 
-def saved_layouts(layout: Mapping[str, Any]) -> dict[str, TableLayout]:
-    """The row placement of each table of a saved `EmbeddingState.layout`
-    (table -> int32 `[vocabulary_size, num_shards, strategy]`)."""
+def code_of(layout: MemberLayout, strategy: int) -> np.ndarray:
+    """A stacked table's saved code: `[vocabulary_size, N, strategy, TABLE_PLAN, device,
+    offset, rows_per_shard]`."""
+    return np.asarray([layout.vocabulary_size, layout.num_shards, strategy, TABLE_PLAN, layout.device,
+                       layout.offset, layout.rows_per_shard], np.int32)
+
+
+def saved_layouts(layout: Mapping[str, Any]) -> dict[str, TableLayout | MemberLayout]:
+    """The row placement of each table of a saved `EmbeddingState.layout`: table -> int32
+    `[vocabulary_size, num_shards, strategy, plan]`, and stack -> {table: `code_of`} for the
+    tables stacked in the state's array `stack` (`storage_keys`)."""
+    out: dict[str, TableLayout | MemberLayout] = {}
+    for name, code in flat_codes(layout).items():
+        values = [int(v) for v in np.asarray(code).reshape(-1)]
+        if len(values) > 4 and values[3] == TABLE_PLAN:
+            vocabulary, shards, _, _, device, offset, rows = values[:7]
+            out[name] = MemberLayout(vocabulary, shards, device, offset, rows)
+        else:
+            out[name] = TableLayout(values[0], values[1], STRATEGIES[values[2]])
+    return out
+
+
+def flat_codes(layout: Mapping[str, Any]) -> dict[str, Any]:
+    """table -> its code, the stacks' tables taken out of their stack."""
     out = {}
     for name, code in layout.items():
-        vocabulary, shards, strategy = (int(v) for v in np.asarray(code).reshape(-1)[:3])
-        out[name] = TableLayout(vocabulary, shards, STRATEGIES[strategy])
+        out.update(code if isinstance(code, Mapping) else {name: code})
     return out
+
+
+def storage_keys(layout: Mapping[str, Any]) -> dict[str, str]:
+    """table -> the key of the state's array holding it: its own name, or its stack's."""
+    return {
+        t: name for name, code in layout.items() for t in (code if isinstance(code, Mapping) else [name])
+    }

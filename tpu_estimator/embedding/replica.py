@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
@@ -48,7 +49,7 @@ def state_specs(state: EmbeddingState, plans: Mapping[str, str] | None = None) -
     return EmbeddingState(
         tables=spec,
         slots={t: {k: spec[t] for k in s} for t, s in state.slots.items()},
-        layout=None if state.layout is None else {t: P() for t in state.layout},
+        layout=None if state.layout is None else jax.tree.map(lambda _: P(), state.layout),
     )
 
 

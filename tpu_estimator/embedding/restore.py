@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
-from tpu_estimator.embedding.layout import TableLayout
+from tpu_estimator.embedding.layout import MemberLayout, TableLayout
 
 
 class RowReader(Protocol):
@@ -36,17 +36,22 @@ class RowReader(Protocol):
         ...
 
 
-def logical_rows(layout: TableLayout, start: int, stop: int) -> np.ndarray:
+def logical_rows(layout: TableLayout | MemberLayout, start: int, stop: int) -> np.ndarray:
     """The logical row held at each storage row `[start, stop)` of `layout` (>= vocabulary_size:
-    a padding row)."""
+    a padding row, or another table's of a stack)."""
     storage = np.arange(start, stop, dtype=np.int64)
+    if isinstance(layout, MemberLayout):  # a stacked table: its rows from `start` on
+        logical = storage - layout.start
+        return np.where((logical >= 0) & (logical < layout.vocabulary_size), logical, layout.vocabulary_size)
     if layout.strategy == "mod":
         shard, local = np.divmod(storage, layout.rows_per_shard)
         return local * layout.num_shards + shard
     return storage
 
 
-def source_rows(saved: TableLayout, target: TableLayout, start: int, stop: int) -> np.ndarray:
+def source_rows(
+    saved: TableLayout | MemberLayout, target: TableLayout | MemberLayout, start: int, stop: int
+) -> np.ndarray:
     """For the storage rows `[start, stop)` of `target`, the storage row of `saved` holding
     the same logical row (-1 for padding rows: they stay zero)."""
     logical = logical_rows(target, start, stop)
@@ -69,4 +74,24 @@ def read_sharded(reader: RowReader, saved: TableLayout, target: TableLayout, sha
         reader.read(source_rows(saved, target, start, stop), block, columns)
         shards.append(jax.device_put(block, device).block_until_ready())
         del block  # placed: the next device's block replaces it (one at a time on the host)
+    return jax.make_array_from_single_device_arrays(shape, sharding, shards)
+
+
+def read_stacked(
+    sources: list[tuple[RowReader, TableLayout | MemberLayout, MemberLayout]], sharding: Sharding
+) -> jax.Array:
+    """A stack (embedding/tablewise.py) from its tables as saved, sharded by rows (`sharding`):
+    `sources` gives each table's reader, saved layout and place in the stack; each of this
+    process's devices reads the rows of its own tables alone."""
+    reader, _, first = sources[0]
+    shape = (first.storage_rows, *reader.shape[1:])
+    shards = []
+    for device, index in sharding.addressable_devices_indices_map(shape).items():
+        start, stop, _ = index[0].indices(shape[0])
+        block = reader.empty(stop - start)
+        for table_reader, saved, target in sources:
+            if target.start < stop and target.start + target.vocabulary_size > start:
+                table_reader.read(source_rows(saved, target, start, stop), block)
+        shards.append(jax.device_put(block, device).block_until_ready())
+        del block
     return jax.make_array_from_single_device_arrays(shape, sharding, shards)
