@@ -141,7 +141,7 @@ def test_what_cannot_be_stacked_or_split_is_an_error_naming_the_tables():
     huge = spec_of({f"t{i}": TableConfig(2**30, 4, sharding="table") for i in range(3)})
     with pytest.raises(ValueError, match=r"int32.*tables=\['t0', 't1', 't2'\], 2 x 2147483648.*sharding='row'"):
         stacks(huge, table_plans(huge, 2), 2)
-    wide = spec_of({"w": TableConfig(1_000, 256)})  # 1 MB, dimension 256: the planner splits its columns
+    wide = spec_of({"w": TableConfig(2_000, 256)})  # 2 MB (over the 1 MiB replicated), dimension 256: split by columns
     assert table_plans(wide, 8) == {"w": "column"}
     two_axes = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
     with pytest.raises(ValueError, match=r"'w'.*the planner's 'column' \(dimension 256\).*sharding='row'"):
