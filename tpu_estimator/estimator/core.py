@@ -19,11 +19,14 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.api.run_config import RunConfig
 from tpu_estimator.checkpoint import integrity
+from tpu_estimator.errors import CheckpointStorageError
 from tpu_estimator.checkpoint.manager import Checkpointer, CheckpointRef, split_checkpoint_path
 from tpu_estimator.estimator.components import registered, variable_readers
 from tpu_estimator.checkpoint.variables import Readers
@@ -303,7 +306,10 @@ class Core:
             ipl.value if ipl.unit == "count" else None, runtime.traced.primitives, self.topology.mesh.size
         )
         cached = self._last_state
-        if ref is not None and self._holds(ref) and not any(x.is_deleted() for x in jax.tree.leaves(cached)):
+        reuse = ref is not None and self._holds(ref) and not any(x.is_deleted() for x in jax.tree.leaves(cached))
+        if jax.process_count() > 1:  # process 0's answer on every process: a restore is collective
+            reuse = bool(multihost_utils.broadcast_one_to_all(np.int32(reuse)))
+        if reuse:
             return cached if train else cached.replace(opt_state=None)
         if ref is None and not train:
             log.warning("No checkpoint in %s: running with freshly initialised variables.", self.model_dir)
@@ -319,9 +325,14 @@ class Core:
             return
         checkpointer = self.checkpointer
         step = int(jax.device_get(state.step))
-        if checkpointer.committed_step == step:
+        if checkpointer.committed_step != step:
+            return
+        try:
             record = integrity.recorded(checkpointer.directory, step)
-            self._last_saved = None if record is None else (step, record)
+        except CheckpointStorageError as e:  # the save is committed: the next call restores
+            log.debug("Digests of checkpoint %d not read back: %s", step, e)
+            return
+        self._last_saved = None if record is None else (step, record)
 
     def _holds(self, ref: CheckpointRef) -> bool:
         """Whether the state in memory is exactly what checkpoint `ref` holds: this process
