@@ -78,12 +78,15 @@ class Verdict:
         bytes)"); empty when intact.
       has_digests: False for a checkpoint of a version before digests.
       input_saved: Whether an input position was saved (None: unknown).
+      record: The digests file's own sha256 (`record_sha256`): it names one save of the
+        step (a step saved again has another); None without digests.
     """
 
     path: str
     problems: tuple[str, ...] = ()
     has_digests: bool = True
     input_saved: bool | None = None
+    record: str | None = None
 
     @property
     def intact(self) -> bool:
@@ -177,7 +180,8 @@ def _verify(root: epath.Path, listing: dict[str, Entry], older_with_digests: int
     try:
         record = json.loads(read_bytes(str(root), DIGESTS_FILE))
         files = record["files"]
-        ok = isinstance(files, dict) and record.pop("record_sha256") == _sha256_json(record)
+        own = record.pop("record_sha256")
+        ok = isinstance(files, dict) and own == _sha256_json(record)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         why = "empty" if listing[DIGESTS_FILE].size == 0 else f"truncated or changed ({type(e).__name__})"
         return Verdict(path, (f"{DIGESTS_FILE}: {why}",))
@@ -185,7 +189,7 @@ def _verify(root: epath.Path, listing: dict[str, Entry], older_with_digests: int
         return Verdict(path, (f"{DIGESTS_FILE}: changed (its own digest does not match)",))
     names = sorted(files)
     problems = [p for p in _parallel(lambda n: _check(root, n, listing.get(n), files[n]), names) if p]
-    return Verdict(path, tuple(problems), input_saved=bool(record.get("input_saved")))
+    return Verdict(path, tuple(problems), input_saved=bool(record.get("input_saved")), record=own)
 
 
 def _check(root: epath.Path, name: str, entry: Entry | None, want: dict[str, Any]) -> str | None:
@@ -251,6 +255,32 @@ def _read_all(root: epath.Path) -> None:
         for name in list_files(str(item)):
             if not name.endswith(".txt"):
                 json.loads((item / name).read_text())
+
+
+def last_verdict(directory: str, step: int) -> Verdict | None:
+    """The verdict of the last `verify` of step `step` in this process (no I/O; None if
+    it was not verified). `newest_intact` and `check_chosen` verify the step they return."""
+    with _cache_lock:
+        hit = _cache.get(str(epath.Path(directory) / str(step)))
+    return None if hit is None else hit[1]
+
+
+def recorded(directory: str, step: int) -> str | None:
+    """The `record_sha256` of step `step`'s digests file as it is now (one small read; None
+    without a readable one): read right after a save committed, it names that save.
+
+    Raises:
+      CheckpointStorageError: the store did not answer for `storage_timeout_s`.
+    """
+    def read() -> str | None:
+        try:
+            record = json.loads(read_bytes(str(epath.Path(directory) / str(step)), DIGESTS_FILE))
+        except (OSError, ValueError):
+            return None
+        own = record.get("record_sha256") if isinstance(record, dict) else None
+        return own if isinstance(own, str) else None
+
+    return bounded(read, uri=str(directory), what=f"reading the digests of checkpoint {step}")
 
 
 # --- choosing ------------------------------------------------------------------------

@@ -98,6 +98,7 @@ class Checkpointer:
         self._chunk_bytes = chunk_bytes  # the largest saved chunk of an array (row_reads.py)
         self._uncommitted: collections.deque[tuple[int, bool]] = collections.deque()  # (step, input?)
         self._saving: int | None = None  # the step of the background save not yet waited for
+        self.committed_step: int | None = None  # the step of this manager's last save, once on disk
         self._store_away = False  # the store stopped answering: Orbax's threads are stuck in it
         keep_time = (
             datetime.timedelta(hours=keep_every_n_hours)
@@ -250,6 +251,8 @@ class Checkpointer:
             raise
         except Exception as e:
             raise self._storage_error(e, self._saving) from e
+        if self._saving is not None:
+            self.committed_step = self._saving
         self._saving = None
 
     def close(self) -> None:

@@ -19,11 +19,14 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.api.mode_keys import ModeKeys
 from tpu_estimator.api.run_config import RunConfig
 from tpu_estimator.checkpoint import integrity
+from tpu_estimator.errors import CheckpointStorageError
 from tpu_estimator.checkpoint.manager import Checkpointer, CheckpointRef, split_checkpoint_path
 from tpu_estimator.estimator.components import registered, variable_readers
 from tpu_estimator.checkpoint.variables import Readers
@@ -101,6 +104,9 @@ class Core:
         self._runtimes: dict[tuple[str, int | None], Runtime] = {}
         self._checkpointers: dict[str, Checkpointer] = {}
         self._last_state: TrainState | None = None
+        # (step, digests record) of the checkpoint this process wrote that holds exactly
+        # _last_state (None: not known to be saved)
+        self._last_saved: tuple[int, str] | None = None
 
     # --- what hooks read -------------------------------------------------------
 
@@ -300,21 +306,42 @@ class Core:
             ipl.value if ipl.unit == "count" else None, runtime.traced.primitives, self.topology.mesh.size
         )
         cached = self._last_state
-        if (
-            cached is not None
-            and ref is not None
-            and ref.checkpointer is self.checkpointer
-            and not any(x.is_deleted() for x in jax.tree.leaves(cached))
-            and int(jax.device_get(cached.step)) == ref.step
-        ):
+        reuse = ref is not None and self._holds(ref) and not any(x.is_deleted() for x in jax.tree.leaves(cached))
+        if jax.process_count() > 1:  # process 0's answer on every process: a restore is collective
+            reuse = bool(multihost_utils.broadcast_one_to_all(np.int32(reuse)))
+        if reuse:
             return cached if train else cached.replace(opt_state=None)
         if ref is None and not train:
             log.warning("No checkpoint in %s: running with freshly initialised variables.", self.model_dir)
         return runtime.load_state(first, axes, ref)
 
-    def remember(self, state: TrainState) -> None:
-        """Keeps the newest training state (the next call may start from it without a restore)."""
-        self._last_state = state
+    def remember(self, state: TrainState, *, committed: bool = False) -> None:
+        """Keeps the newest training state. `committed`: model_dir's manager has just written
+        the checkpoint of its step and waited for it; its digests record (which names that
+        save) is read, and the next call starts from this state without a restore while the
+        checkpoint it finds is that one (`_holds`)."""
+        self._last_state, self._last_saved = state, None
+        if not committed:
+            return
+        checkpointer = self.checkpointer
+        step = int(jax.device_get(state.step))
+        if checkpointer.committed_step != step:
+            return
+        try:
+            record = integrity.recorded(checkpointer.directory, step)
+        except CheckpointStorageError as e:  # the save is committed: the next call restores
+            log.debug("Digests of checkpoint %d not read back: %s", step, e)
+            return
+        self._last_saved = None if record is None else (step, record)
+
+    def _holds(self, ref: CheckpointRef) -> bool:
+        """Whether the state in memory is exactly what checkpoint `ref` holds: this process
+        saved it, and the step's digests, as `find_checkpoint` just verified them, are still
+        those of that save (not those of another run that wrote the step since)."""
+        if self._last_state is None or self._last_saved is None or ref.checkpointer is not self.checkpointer:
+            return False
+        verdict = integrity.last_verdict(ref.checkpointer.directory, ref.step)
+        return verdict is not None and self._last_saved == (ref.step, verdict.record)
 
     def last_state(self) -> TrainState | None:
         """The newest training state in memory (its buffers may have been donated)."""

@@ -372,6 +372,8 @@ class _Training:
         if not diverged:
             self.save(state, step, input_state)
         self.core.checkpointer.wait()  # `end` sees it as latest_checkpoint()
+        if not diverged:  # the next call starts from this state while that checkpoint is ours
+            self.core.remember(state, committed=True)
         for lis in self.listeners:
             lis.end(self.core, step)
         self.engine.end()
