@@ -165,3 +165,39 @@ def test_reading_whole_arrays_exceeds_that_bound(restored):
     tpu_estimator 0.2 did for evaluation, another device count or strategy)."""
     got = restored[(2, "mod", 0, "whole")]
     assert got["peak_growth"] > got["own"] + BUFFER + 32 * MIB, got
+
+
+class CountingRows:
+    """The real reader underneath, each `read` (one block's rows) recorded."""
+
+    def __init__(self, reader):
+        self.reader, self.shape, self.dtype, self.reads = reader, reader.shape, reader.dtype, []
+
+    def empty(self, rows, columns=()):
+        return self.reader.empty(rows, columns)
+
+    def read(self, rows, out, columns=()):
+        self.reads.append((tuple(np.asarray(rows).tolist()), tuple((c.start, c.stop) for c in columns)))
+        return self.reader.read(rows, out, columns)
+
+
+@pytest.mark.parametrize(
+    "mesh_shape,spec,blocks",
+    [
+        ((8,), P(), 1),  # replicated: one read for the 8 devices
+        ((4, 2), P("data"), 4),  # rows over "data", replicated over "model": 4 blocks, 2 devices each
+        ((2, 4), P(None, "model"), 4),  # columns over "model", replicated over "data"
+    ],
+)
+def test_read_sharded_reads_each_distinct_block_once(saved_table, mesh_shape, spec, blocks):
+    path, leaf, layout, logical = saved_table
+    reader = CountingRows(opener(path, empty=aligned_empty)(leaf))
+    mesh = Mesh(np.array(jax.devices()).reshape(mesh_shape), ("data", "model")[: len(mesh_shape)])
+    shards = mesh.shape["data"] if spec == P("data") else 1
+    target = TableLayout(203, shards, "div")
+    array = read_sharded(reader, layout, target, NamedSharding(mesh, spec))
+    assert len(reader.reads) == len(set(reader.reads)) == blocks  # each block read once
+    assert len(array.addressable_shards) == 8
+    for shard in array.addressable_shards:  # every device has its block's values
+        np.testing.assert_array_equal(np.asarray(shard.data), target.to_storage(logical)[shard.index])
+    np.testing.assert_array_equal(np.asarray(array), target.to_storage(logical))
