@@ -13,7 +13,8 @@ read for it alone (the component's `from_checkpoint`); or `whole`, as tpu_estima
 did, the saved arrays read whole into numpy, then placed (`ShardedTables.place` of the
 logical tables); or `perdevice`, each device's block read for it alone even where devices
 hold the same block (the restore before blocks were read once per host). PLAN is the
-table's `TableConfig(sharding=...)` on restore (default: the planner's). First a 64-row table is restored the same ways (imports and thread pools
+table's `TableConfig(sharding=...)` on restore (default: the planner's). HOW `warm` and
+`warmwhole` warm-start fresh tables from the checkpoint instead (`warm_start`). First a 64-row table is restored the same ways (imports and thread pools
 paid); before each case freed memory is handed back (malloc_trim) and the peak resident
 memory reset (/proc/self/clear_refs). It prints one JSON line per case: the peak's
 growth during the restore (VmHWM), the resident growth after it (VmRSS), the bytes
@@ -22,6 +23,7 @@ this process's devices hold, the bytes read from the checkpoint and the restore'
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -36,15 +38,18 @@ import optax
 
 import tpu_estimator as te
 from tpu_estimator.checkpoint.numpy_read import restore_state_numpy, state_metadata
+from tpu_estimator.checkpoint.reader import variable_source
 from tpu_estimator.checkpoint.row_reads import opener
 from tpu_estimator.checkpoint.variables import reader_at, saved_state
+from tpu_estimator.checkpoint.warm_start import apply_warm_start, source_variables
 from tpu_estimator.embedding import AdagradParameters, EmbeddingConfigSpec, FeatureConfig, TableConfig
-from tpu_estimator.embedding.component import EmbeddingTables, saved_layout
+from tpu_estimator.embedding.component import EmbeddingTables, TableReader, saved_layout
 from tpu_estimator.embedding.layout import saved_layouts
 from tpu_estimator.embedding.restore import source_rows
 from tpu_estimator.embedding.sharded import EmbeddingState
 from tpu_estimator.feeding.device import aligned_empty
 from tpu_estimator.feeding.host_memory import trim
+from tpu_estimator.model.state import TrainState
 from tpu_estimator.parallel.mesh import Topology
 
 BATCH = 16
@@ -136,6 +141,43 @@ def restore(model_dir: str, rows: int, dim: int, strategy: str, slots: bool, how
     return component.tables.place(component.tables.logical(state), with_slots=slots)
 
 
+def warm_start(model_dir: str, rows: int, dim: int, strategy: str, how: str, plan=None):
+    """A function warm starting fresh tables (made first: not measured) from the newest
+    checkpoint, returning the warm-started tables: HOW `warm`, as the estimator now does
+    (`apply_warm_start` + `warm_started`: each block of rows read from the checkpoint);
+    `warmwhole`, as it did before (the fresh tables and slots and the source's tables and
+    slots whole on the host, then `ShardedTables.place`)."""
+    path = f"{model_dir}/{max(int(n) for n in os.listdir(model_dir) if n.isdigit())}"
+    component = EmbeddingTables.create(make_spec(rows, dim, strategy, plan), Topology.create(use_tpu=True))
+    fresh = jax.block_until_ready(component.tables.init(jax.random.PRNGKey(0)))
+    state = TrainState.create({"params": {}}, None, 0).replace(extras={"embedding": fresh})
+    settings = te.WarmStartSettings(path, vars_to_warm_start=["embedding/.*"])
+    readers = {"embedding": TableReader}
+    # the source's files checked against their digests now (checkpoint/integrity.py, cached):
+    # that check's buffers (8 threads x 8 MiB chunks at most) are not the warm start's reads
+    variable_source(path, readers=readers)
+
+    def run():
+        if how == "warm":
+            opened = functools.partial(opener, empty=aligned_empty, release=trim)  # as estimator/runtime.py
+            open_rows = lambda at: (lambda leaf: Counted(opened(at)(leaf)))  # noqa: E731
+            offered = {"embedding": component.warm_start_variables(fresh)}
+            _, started = apply_warm_start(state, settings, None, offered, readers, open_rows)
+            return component.warm_started(fresh, started["embedding"]).tables
+        logical = component.tables.logical(jax.device_get(fresh))
+        prev = source_variables(path, readers)
+        return component.tables.place({**logical, "t": prev["embedding/t"]}).tables
+
+    return run
+
+
+def prepared(model_dir: str, rows: int, dim: int, strategy: str, slots: bool, how: str, plan=None):
+    """The measured call of a case (what must exist before it, made now)."""
+    if how.startswith("warm"):
+        return warm_start(model_dir, rows, dim, strategy, how, plan)
+    return lambda: restore(model_dir, rows, dim, strategy, slots, how, plan)
+
+
 def main(argv: list[str]) -> None:
     what, model_dir, rows, dim = argv[:4]
     rows, dim = int(rows), int(dim)
@@ -146,22 +188,22 @@ def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory() as small:
         save(small, 64, dim, cases[0][0])
         for strategy, slots, how, plan in cases:
-            jax.block_until_ready(restore(small, 64, dim, strategy, slots == "1", how, plan))
+            jax.block_until_ready(prepared(small, 64, dim, strategy, slots == "1", how, plan)())
     for strategy, slots, how, plan in cases:
+        run = prepared(model_dir, rows, dim, strategy, slots == "1", how, plan)
         trim()
         Counted.read_bytes = 0
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # VmHWM := VmRSS
         before, start = status_kib("VmRSS"), time.perf_counter()
-        state = jax.block_until_ready(restore(model_dir, rows, dim, strategy, slots == "1", how, plan))
+        state = jax.block_until_ready(run())
         seconds = time.perf_counter() - start
         peak, after = status_kib("VmHWM"), status_kib("VmRSS")
         shards = [s.data for leaf in jax.tree.leaves(state) for s in leaf.addressable_shards]
         own = sum(x.nbytes for x in shards)
         # host memory the shards take (XLA:CPU devices may share one aligned host buffer)
         distinct = sum({x.unsafe_buffer_pointer(): x.nbytes for x in shards}.values())
-        del shards
-        del state
+        del shards, state, run
         print(json.dumps({
             "devices": jax.device_count(), "strategy": strategy, "slots": int(slots), "how": how,
             "plan": plan, "peak_growth": (peak - before) * 1024, "rss_growth": (after - before) * 1024,

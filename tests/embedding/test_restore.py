@@ -2,10 +2,12 @@
 
 `source_rows` maps every device's storage rows to the saved ones for any pair of
 device counts and partition strategies; `SavedRows` reads chosen rows of an Orbax
-checkpoint; and, in subprocesses (the device count is fixed per process), a 64 MiB table
-saved on 8 devices is restored onto 4 devices (with its optimizer slot) and onto 2 with
-the other strategy: the peak host memory grows by the shards restored plus a bounded
-buffer, where reading the arrays whole (as tpu_estimator 0.2 did) grows by several tables.
+checkpoint; `read_sharded` reads each distinct block once per host; and, in subprocesses
+(the device count is fixed per process), a 64 MiB table saved on 8 devices is restored
+onto 4 devices (with its optimizer slot) and onto 2 with the other strategy, and warm-started
+onto 4 with the other strategy: the peak host memory grows by the shards restored plus a
+bounded buffer, where reading the arrays whole (as tpu_estimator 0.2 did, and warm start
+before) grows by several tables.
 """
 
 from __future__ import annotations
@@ -139,13 +141,21 @@ def _worker(devices, *args):
 
 
 @pytest.fixture(scope="module")
-def restored(tmp_path_factory):
-    """A 64 MiB table saved 'div' on 8 devices, restored onto 4 with its Adagrad slot
-    (training), and onto 2 with 'mod' (evaluation), then read whole there (0.2's way).
-    One measured restore per process but the last: memory a restore frees is partly
-    reused by the next, which makes the whole read's growth smaller, never larger."""
+def big_model(tmp_path_factory):
+    """A model_dir whose checkpoint holds a 64 MiB table (and its Adagrad slot) saved 'div'
+    on 8 devices."""
     model_dir = tmp_path_factory.mktemp("big") / "model"
     _worker(8, "save", model_dir, ROWS, DIM, "div")
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def restored(big_model):
+    """The 64 MiB table restored onto 4 devices with its Adagrad slot (training), and onto 2
+    with 'mod' (evaluation), then read whole there (0.2's way).
+    One measured restore per process but the last: memory a restore frees is partly
+    reused by the next, which makes the whole read's growth smaller, never larger."""
+    model_dir = big_model
     got = _worker(4, "restore", model_dir, ROWS, DIM, "div:1:rows")
     got += _worker(2, "restore", model_dir, ROWS, DIM, "mod:0:rows", "mod:0:whole")
     return {(r["devices"], r["strategy"], r["slots"], r["how"]): r for r in got}
@@ -201,3 +211,25 @@ def test_read_sharded_reads_each_distinct_block_once(saved_table, mesh_shape, sp
     for shard in array.addressable_shards:  # every device has its block's values
         np.testing.assert_array_equal(np.asarray(shard.data), target.to_storage(logical)[shard.index])
     np.testing.assert_array_equal(np.asarray(array), target.to_storage(logical))
+
+
+@pytest.fixture(scope="module")
+def warm_started(big_model):
+    """The 64 MiB table warm-started onto 4 devices with 'mod' (fresh tables there first):
+    by rows as the estimator does, then whole (its way before)."""
+    got = _worker(4, "restore", big_model, ROWS, DIM, "mod:0:warm", "mod:0:warmwhole")
+    return {r["how"]: r for r in got}
+
+
+def test_warm_start_holds_its_shards_and_a_bounded_buffer(warm_started):
+    """Warm starting a table from a checkpoint (another device count and strategy) grows the
+    peak by the warm-started shards plus less than BUFFER, reading each row once."""
+    got = warm_started["warm"]
+    assert got["own"] == ROWS * DIM * 4 and got["read_bytes"] == ROWS * DIM * 4, got
+    assert got["own"] <= got["peak_growth"] <= got["own"] + BUFFER, got
+
+
+def test_warm_starting_whole_tables_exceeds_that_bound(warm_started):
+    """The bound above is one the whole-table warm start (before) breaks."""
+    got = warm_started["warmwhole"]
+    assert got["peak_growth"] > got["own"] + BUFFER + 32 * MIB, got
