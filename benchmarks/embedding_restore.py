@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "embedding", "restore_memory_worker.py")
 # devices, strategy, slots (training), plan on restore, ways of restoring
 CASES = [(8, "div", 0, None, ("rows", "whole")), (4, "div", 1, None, ("rows", "whole")), (2, "mod", 0, None, ("rows", "whole"))]
-REPLICATED = [(8, "div", 0, "replicated", ("rows", "perdevice"))]
+SMALL = [(8, "div", 0, "replicated", ("rows", "perdevice")), (4, "mod", 0, None, ("warm", "warmwhole"))]
 
 
 def worker(devices: int, *args: object) -> dict | None:
@@ -42,11 +42,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_638_400)  # x 64 x 4 B = 400 MiB
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--replicated-rows", type=int, default=204_800)  # x 64 x 4 B = 50 MiB
-    parser.add_argument("--only", choices=["row", "replicated"], default=None)
+    parser.add_argument("--small-rows", type=int, default=204_800)  # x 64 x 4 B = 50 MiB
+    parser.add_argument("--only", choices=["row", "small"], default=None)
     parser.add_argument("--model-dir", default=None, help="a checkpoint saved before (skips saving)")
     args = parser.parse_args()
-    groups = {"row": (args.rows, CASES), "replicated": (args.replicated_rows, REPLICATED)}
+    groups = {"row": (args.rows, CASES), "small": (args.small_rows, SMALL)}
     if args.only:
         groups = {args.only: groups[args.only]}
     with tempfile.TemporaryDirectory() as tmp:
