@@ -25,8 +25,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tpu_estimator.checkpoint.manager import Checkpointer
 from tpu_estimator.checkpoint.numpy_read import state_metadata
 from tpu_estimator.checkpoint.row_reads import opener
-from tpu_estimator.embedding.layout import TableLayout
-from tpu_estimator.embedding.restore import read_sharded, source_rows
+from tpu_estimator.embedding.layout import MemberLayout, TableLayout
+from tpu_estimator.embedding.restore import read_sharded, read_stacked, source_rows
 from tpu_estimator.feeding.device import aligned_empty
 
 WORKER = os.path.join(os.path.dirname(__file__), "restore_memory_worker.py")
@@ -233,3 +233,24 @@ def test_warm_starting_whole_tables_exceeds_that_bound(warm_started):
     """The bound above is one the whole-table warm start (before) breaks."""
     got = warm_started["warmwhole"]
     assert got["peak_growth"] > got["own"] + BUFFER + 32 * MIB, got
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_read_stacked_reads_each_distinct_block_once(saved_table, fresh):
+    """A stack over "data" of a 4 x 2 mesh (rows replicated over "model", as with
+    num_cores_per_replica=2): the saved table, stacked on device 1 of 4 at offset 3, is read
+    once per distinct block holding its rows; with `fresh`, the stack's other rows keep it."""
+    path, leaf, layout, logical = saved_table
+    reader = CountingRows(opener(path, empty=aligned_empty)(leaf))
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+    sharding = NamedSharding(mesh, P("data"))
+    member = MemberLayout(203, 4, 1, 3, 210)  # rows 213..415 of a [840, 4] stack
+    base = np.full((840, 4), -1.0, np.float32) if fresh else np.zeros((840, 4), np.float32)
+    array = read_stacked([(reader, layout, member)], sharding, jax.device_put(base, sharding) if fresh else None)
+    assert len(reader.reads) == len(set(reader.reads)) == 1  # one block holds the table: read once, not twice
+    want = base.copy()
+    want[213:416] = logical
+    assert len(array.addressable_shards) == 8
+    np.testing.assert_array_equal(np.asarray(array), want)
+    for shard in array.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), want[shard.index])

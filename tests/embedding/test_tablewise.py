@@ -179,7 +179,7 @@ def test_table_wise_tables_step_like_1_device_each_on_its_device():
             held = np.asarray(shard.data)[member.offset : member.offset + member.vocabulary_size]
             np.testing.assert_array_equal(held, logical[t])
     assert np.asarray(state8.layout[tables8.stacks[2].name]["tc"]).tolist()[:4] == [17, 8, ["div", "mod"].index(strategy), 3]
-    placed = tables8.place(logical)  # warm start's way back: whole tables into their stacks
+    placed = tables8.place(logical)  # whole tables back into their stacks (warm start now reads by rows)
     for name, array in placed.tables.items():
         np.testing.assert_array_equal(np.asarray(array), np.asarray(state8.tables[name]), err_msg=name)
         assert array.sharding == state8.tables[name].sharding
