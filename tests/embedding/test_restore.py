@@ -2,10 +2,11 @@
 
 `source_rows` maps every device's storage rows to the saved ones for any pair of
 device counts and partition strategies; `SavedRows` reads chosen rows of an Orbax
-checkpoint; `read_sharded` reads each distinct block once per host; and, in subprocesses
+checkpoint; `read_sharded` and `read_stacked` read each distinct block once per host; and,
+in subprocesses
 (the device count is fixed per process), a 64 MiB table saved on 8 devices is restored
 onto 4 devices (with its optimizer slot) and onto 2 with the other strategy, and warm-started
-onto 4 with the other strategy: the peak host memory grows by the shards restored plus a
+onto 4 with the other strategy (row-wise, and table-wise into a stack): the peak host memory grows by the shards restored plus a
 bounded buffer, where reading the arrays whole (as tpu_estimator 0.2 did, and warm start
 before) grows by several tables.
 """
@@ -217,8 +218,8 @@ def test_read_sharded_reads_each_distinct_block_once(saved_table, mesh_shape, sp
 def warm_started(big_model):
     """The 64 MiB table warm-started onto 4 devices with 'mod' (fresh tables there first):
     by rows as the estimator does, then whole (its way before)."""
-    got = _worker(4, "restore", big_model, ROWS, DIM, "mod:0:warm", "mod:0:warmwhole")
-    return {r["how"]: r for r in got}
+    got = _worker(4, "restore", big_model, ROWS, DIM, "mod:0:warm", "mod:0:warm:table", "mod:0:warmwhole")
+    return {r["how"] + (":table" if r["plan"] == "table" else ""): r for r in got}
 
 
 def test_warm_start_holds_its_shards_and_a_bounded_buffer(warm_started):
@@ -226,6 +227,14 @@ def test_warm_start_holds_its_shards_and_a_bounded_buffer(warm_started):
     peak by the warm-started shards plus less than BUFFER, reading each row once."""
     got = warm_started["warm"]
     assert got["own"] == ROWS * DIM * 4 and got["read_bytes"] == ROWS * DIM * 4, got
+    assert got["own"] <= got["peak_growth"] <= got["own"] + BUFFER, got
+
+
+def test_warm_start_into_a_stack_holds_its_shards_and_a_bounded_buffer(warm_started):
+    """The same table warm-started table-wise (`sharding="table"`: into a stack, over its
+    fresh values, embedding/tablewise.py) grows the peak by the stack plus less than BUFFER."""
+    got = warm_started["warm:table"]
+    assert got["read_bytes"] == ROWS * DIM * 4, got
     assert got["own"] <= got["peak_growth"] <= got["own"] + BUFFER, got
 
 

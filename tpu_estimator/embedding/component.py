@@ -231,7 +231,9 @@ class EmbeddingTables:
         for s in self.tables.stacks:
             chosen = [(values[t], member) for t, member in s.members if t in values]
             if chosen:
-                placed[s.name] = place_stack(chosen, extra.tables[s.name], shardings[s.name])
+                array = place_stack(chosen, extra.tables[s.name], shardings[s.name])
+                placed[s.name] = array if array.dtype == extra.tables[s.name].dtype else array.astype(
+                    extra.tables[s.name].dtype)
         return extra.replace(tables={**extra.tables, **placed})
 
     def export_state(self, raw: Any) -> dict[str, np.ndarray]:

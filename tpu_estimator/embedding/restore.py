@@ -117,7 +117,9 @@ def read_stacked(
     def blocks() -> Any:
         for index, devices in _blocks(sharding, shape):
             start, stop, _ = index[0].indices(shape[0])
-            block = np.array(start_from[devices[0]]) if fresh is not None else reader.empty(stop - start)
+            block = reader.empty(stop - start)  # (aligned: a CPU device may hold it without a copy)
+            if fresh is not None:
+                np.copyto(block, np.asarray(start_from[devices[0]]), casting="unsafe")
             for table_reader, saved, target in sources:
                 if target.start < stop and target.start + target.vocabulary_size > start:
                     table_reader.read(source_rows(saved, target, start, stop), block)
