@@ -2,13 +2,13 @@
 
 `source_rows` maps every device's storage rows to the saved ones for any pair of
 device counts and partition strategies; `SavedRows` reads chosen rows of an Orbax
-checkpoint; `read_sharded` and `read_stacked` read each distinct block once per host; and,
-in subprocesses
-(the device count is fixed per process), a 64 MiB table saved on 8 devices is restored
-onto 4 devices (with its optimizer slot) and onto 2 with the other strategy, and warm-started
-onto 4 with the other strategy (row-wise, and table-wise into a stack): the peak host memory grows by the shards restored plus a
-bounded buffer, where reading the arrays whole (as tpu_estimator 0.2 did, and warm start
-before) grows by several tables.
+checkpoint; `read_sharded` and `read_stacked` read each distinct block once per host;
+and, in subprocesses (the device count is fixed per process), a 64 MiB table saved on 8
+devices is restored onto 4 devices (with its optimizer slot) and onto 2 with the other
+strategy, and warm-started onto 4 with the other strategy (row-wise, and table-wise into
+a stack): the peak host memory grows by the shards restored plus a bounded buffer, where
+reading the arrays whole (as tpu_estimator 0.2 did, and warm start before) grows by
+several tables.
 """
 
 from __future__ import annotations
