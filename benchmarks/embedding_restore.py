@@ -23,7 +23,9 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "embedding", "restore_memory_worker.py")
-CASES = [(8, "div", 0), (4, "div", 1), (2, "mod", 0)]  # devices, strategy, slots (training)
+# devices, strategy, slots (training), plan on restore, ways of restoring
+CASES = [(8, "div", 0, None, ("rows", "whole")), (4, "div", 1, None, ("rows", "whole")), (2, "mod", 0, None, ("rows", "whole"))]
+SMALL = [(8, "div", 0, "replicated", ("rows", "perdevice")), (4, "mod", 0, None, ("warm", "warmwhole"))]
 
 
 def worker(devices: int, *args: object) -> dict | None:
@@ -40,29 +42,45 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_638_400)  # x 64 x 4 B = 400 MiB
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--small-rows", type=int, default=204_800)  # x 64 x 4 B = 50 MiB
+    parser.add_argument("--only", choices=["row", "small"], default=None)
     parser.add_argument("--model-dir", default=None, help="a checkpoint saved before (skips saving)")
     args = parser.parse_args()
+    groups = {"row": (args.rows, CASES), "small": (args.small_rows, SMALL)}
+    if args.only:
+        groups = {args.only: groups[args.only]}
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = args.model_dir or os.path.join(tmp, "model")
-        if args.model_dir is None:
-            worker(8, "save", model_dir, args.rows, args.dim, "div")
-        table = args.rows * args.dim * 4
-        print(f"table {table / 1e6:.0f} MB saved on 8 devices ('div'), Adagrad")
+        dirs = {}
+        for name, (rows, _) in groups.items():
+            dirs[name] = os.path.join(tmp, name)
+            if args.model_dir is not None and name == "row":
+                dirs[name] = args.model_dir
+            else:
+                worker(8, "save", dirs[name], rows, args.dim, "div")
+            print(f"{name}: table {rows * args.dim * 4 / 1e6:.0f} MB saved on 8 devices ('div'), Adagrad")
         results: dict[tuple, list[dict]] = {}
         for _ in range(args.rounds):
-            for devices, strategy, slots in CASES:
-                for how in ("rows", "whole"):
-                    got = worker(devices, "restore", model_dir, args.rows, args.dim, f"{strategy}:{slots}:{how}")
-                    results.setdefault((devices, strategy, slots, how), []).append(got)
-    print("devices strategy slots how    restored MB  peak growth MB          over restored MB")
-    for (devices, strategy, slots, how), runs in results.items():
-        own = runs[0]["own"] / 1e6
+            for name, (rows, cases) in groups.items():
+                for devices, strategy, slots, plan, hows in cases:
+                    for how in hows:
+                        case = f"{strategy}:{slots}:{how}" + (f":{plan}" if plan else "")
+                        got = worker(devices, "restore", dirs[name], rows, args.dim, case)
+                        results.setdefault((devices, strategy, slots, plan or "-", how), []).append(got)
+    print(
+        "devices strategy slots plan       how        restored MB  host MB  read MB  "
+        "peak growth MB        over host MB          seconds"
+    )
+    for (devices, strategy, slots, plan, how), runs in results.items():
+        own, host = runs[0]["own"] / 1e6, runs[0]["distinct"] / 1e6
         peaks = [r["peak_growth"] / 1e6 for r in runs]
-        over = [p - own for p in peaks]
+        over = [p - host for p in peaks]
+        secs = [r["seconds"] for r in runs]
+        read = runs[0]["read_bytes"] / 1e6
         print(
-            f"{devices:7d} {strategy:8s} {slots:5d} {how:6s} {own:11.0f}  "
+            f"{devices:7d} {strategy:8s} {slots:5d} {plan:10s} {how:9s} {own:11.0f} {host:8.0f} {read:8.0f}  "
             f"{statistics.median(peaks):6.0f} ({min(peaks):.0f}-{max(peaks):.0f})  "
-            f"{statistics.median(over):14.0f} ({min(over):.0f}-{max(over):.0f})"
+            f"{statistics.median(over):8.0f} ({min(over):.0f}-{max(over):.0f})  "
+            f"{statistics.median(secs):6.2f} ({min(secs):.2f}-{max(secs):.2f})"
         )
 
 

@@ -271,7 +271,7 @@ def test_partition_strategy_may_change_between_runs(tmp_path):
             getattr(estimator(changed, True, wider), run)(train_input(BATCHES[6:7]), steps=1)
 
 
-def test_warm_start_copies_whole_tables(runs, tmp_path):
+def test_warm_start_copies_the_tables_slots_start_fresh(runs, tmp_path):
     est, _, _, _, tables = runs[8]
     warm = te.TPUEstimator(
         model_fn, model_dir=str(tmp_path), use_tpu=False, train_batch_size=B, eval_batch_size=B,

@@ -179,7 +179,7 @@ def test_table_wise_tables_step_like_1_device_each_on_its_device():
             held = np.asarray(shard.data)[member.offset : member.offset + member.vocabulary_size]
             np.testing.assert_array_equal(held, logical[t])
     assert np.asarray(state8.layout[tables8.stacks[2].name]["tc"]).tolist()[:4] == [17, 8, ["div", "mod"].index(strategy), 3]
-    placed = tables8.place(logical)  # warm start's way back: whole tables into their stacks
+    placed = tables8.place(logical)  # whole tables back into their stacks (warm start now reads by rows)
     for name, array in placed.tables.items():
         np.testing.assert_array_equal(np.asarray(array), np.asarray(state8.tables[name]), err_msg=name)
         assert array.sharding == state8.tables[name].sharding
@@ -360,3 +360,23 @@ def test_checkpoint_moves_from_table_wise_to_row_wise_on_other_devices_and_back(
     for name in NAMES:
         np.testing.assert_allclose(back.get_variable_value(name), one.get_variable_value(name), rtol=2e-5,
                                    atol=1e-6, err_msg=name)
+
+
+def test_warm_start_reads_tables_into_their_stacks(trained, tmp_path):
+    """A table-wise model on 4 replicas of 2 cores warm-started from the 1-device checkpoint
+    (every table plain there): the chosen tables land in their stacks by rows (users,
+    table-wise; items, row-wise), clicks (stacked, not chosen) and the slots stay fresh."""
+    dir1 = trained[1][1]
+    warm = te.TPUEstimator(
+        model_fn, model_dir=str(tmp_path), use_tpu=True, train_batch_size=e.B, eval_batch_size=e.B,
+        embedding_config_spec=estimator_spec(),
+        warm_start_from=te.WarmStartSettings(str(dir1), ["embedding/users$", "embedding/items$"]),
+        config=te.RunConfig(tpu_config=te.TPUConfig(iterations_per_loop=1, num_cores_per_replica=2)),
+    )
+    warm.train(e.train_input(batches(0, 1)), max_steps=1)  # saves step 0 (warm-started), then step 1
+    step0 = str(tmp_path / "0")
+    for name in ("embedding/users", "embedding/items"):
+        np.testing.assert_array_equal(te.load_variable(step0, name), te.load_variable(str(dir1), name), err_msg=name)
+    assert not np.allclose(te.load_variable(step0, "embedding/clicks"), te.load_variable(str(dir1), "embedding/clicks"))
+    np.testing.assert_array_equal(te.load_variable(step0, "embedding/users/accumulator"),
+                                  np.full((50, e.DIM), 0.1, np.float32))  # slots start fresh

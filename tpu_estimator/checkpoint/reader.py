@@ -30,7 +30,13 @@ from etils import epath
 from tpu_estimator.api.checks import message
 from tpu_estimator.checkpoint import flat_io, integrity
 from tpu_estimator.checkpoint.manager import Checkpointer
-from tpu_estimator.checkpoint.variables import GLOBAL_STEP, Readers, checkpoint_shapes, checkpoint_variables
+from tpu_estimator.checkpoint.variables import (
+    GLOBAL_STEP,
+    Readers,
+    checkpoint_rows,
+    checkpoint_shapes,
+    checkpoint_variables,
+)
 from tpu_estimator.paths import as_uri, join
 from tpu_estimator.storage import bounded
 
@@ -108,6 +114,53 @@ def load_variables(
 ) -> dict[str, np.ndarray]:
     """Every saved variable by name (`global_step` included when saved)."""
     return _bounded(ckpt_dir_or_file, lambda: _open(ckpt_dir_or_file, readers).read(None))
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableSource:
+    """The variables saved at a path, for reading some of them (warm start): each call
+    bounded by `storage_timeout_s` as `load_variables` is."""
+
+    path: Any
+    opened: Any  # _Export | _Checkpoint
+    open_rows: Callable[[str], Callable[[Any], Any]] | None = None
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """name -> shape of every saved variable; no array is read."""
+        return _bounded(self.path, self.opened.shapes)
+
+    def read(self, names: Iterable[str]) -> dict[str, np.ndarray]:
+        """The variables `names`, whole."""
+        names = list(names)
+        return _bounded(self.path, lambda: self.opened.read(names)) if names else {}
+
+    def rows(self, names: Iterable[str]) -> dict[str, Any]:
+        """name -> a source its component reads by rows, for those of `names` that a
+        component's reader reads so (a checkpoint's embedding tables); {} for an export or
+        without `open_rows` (`open_rows(checkpoint_path)(leaf)`: checkpoint/row_reads.py)."""
+        names = list(names)
+        if self.open_rows is None or not isinstance(self.opened, _Checkpoint) or not names:
+            return {}
+        opened, open_rows = self.opened, self.open_rows
+        return _bounded(
+            self.path, lambda: checkpoint_rows(opened.path, names, opened.readers, open_rows(opened.path))
+        )
+
+
+def variable_source(
+    ckpt_dir_or_file: str | os.PathLike[str], *, readers: Readers | None = None,
+    open_rows: Callable[[str], Callable[[Any], Any]] | None = None,
+) -> VariableSource:
+    """The model_dir, checkpoint or export at `ckpt_dir_or_file` opened for reading chosen
+    variables: shapes first, then only the variables wanted (warm start); with `open_rows`,
+    components' variables read by rows (`VariableSource.rows`).
+
+    Raises:
+      As `load_variables`.
+    """
+    return VariableSource(
+        ckpt_dir_or_file, _bounded(ckpt_dir_or_file, lambda: _open(ckpt_dir_or_file, readers)), open_rows
+    )
 
 
 def _bounded(ckpt_dir_or_file: Any, read: Callable[[], Any]) -> Any:

@@ -40,6 +40,10 @@ class VariableReader(Protocol):
         """`stored` (name -> the leaf as saved) as users see the variables."""
         ...
 
+    # Optional (warm start without whole tables): `rows(saved, read, open_rows, names) ->
+    # {name: source}`, a source with the `shape` users see that its component reads by
+    # rows (`open_rows(leaf)`: checkpoint/row_reads.py), e.g. embedding's `SavedTable`.
+
 
 Readers = Mapping[str, Callable[[], VariableReader]]  # component name -> (lazily made) reader
 
@@ -159,6 +163,26 @@ def checkpoint_variables(
         stored = {name: _at(raw, keys) for name, keys in paths.items()}
         read = reader_at(checkpoint_path, where[comp])
         out.update(found[comp].logical(meta[EXTRAS][comp], read, stored))
+    return out
+
+
+def checkpoint_rows(
+    checkpoint_path: str, names: Iterable[str], readers: Readers | None, open_rows: Callable[[Any], Any]
+) -> dict[str, Any]:
+    """name -> a source read by rows (the reader's `rows`: e.g. a saved embedding table) for
+    the `names` of components whose readers have `rows`; other names are left out (read
+    whole). `open_rows(leaf)` opens a saved array for row reads. Reads no array but what
+    the readers need (the tables' layouts)."""
+    wanted = set(names)
+    meta, where = saved_state(state_metadata(checkpoint_path))
+    out: dict[str, Any] = {}
+    for comp, reader in _readers(meta, readers).items():
+        if not hasattr(reader, "rows"):
+            continue
+        mine = [name for name in reader.names(meta[EXTRAS][comp]) if name in wanted]
+        if mine:
+            read = reader_at(checkpoint_path, where[comp])
+            out.update(reader.rows(meta[EXTRAS][comp], read, open_rows, mine))
     return out
 
 

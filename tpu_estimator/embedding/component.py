@@ -14,9 +14,10 @@ The state is an `EmbeddingState` in `TrainState.extras["embedding"]`
 (tables, optimizer slots, the saved row `layout`). A checkpoint written on
 another device count or partition strategy is restored through the logical
 tables (`restore_plan`, `from_checkpoint`: each device's rows read from the
-checkpoint for it alone, embedding/restore.py); warm start, exports and the variable
-reader see whole logical tables named `embedding/<table>` and
-`embedding/<table>/<slot>` (`variable_reader`).
+checkpoint for it alone, embedding/restore.py); warm start reads a checkpoint's tables
+the same way (`warm_started`, `TableReader.rows`); exports and the variable reader see
+whole logical tables named `embedding/<table>` and `embedding/<table>/<slot>`
+(`variable_reader`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from tpu_estimator.embedding.layout import flat_codes, saved_layouts, storage_ke
 from tpu_estimator.embedding.lookup import Collectives
 from tpu_estimator.embedding.plan import check_plans, log_plans
 from tpu_estimator.embedding.restore import RowReader, read_sharded, read_stacked
+from tpu_estimator.embedding.row_sources import SavedTable, place_rows, place_stack
 from tpu_estimator.embedding.replica import (
     lookup_in_replica,
     placeholder_activations,
@@ -203,17 +205,36 @@ class EmbeddingTables:
             layout=jax.device_put(self.tables.layout_code(), NamedSharding(self.tables.mesh, P())),
         )
 
-    def warm_start_variables(self, extra: EmbeddingState) -> dict[str, np.ndarray]:
-        """The whole tables, warm-started as `embedding/<table>` (trainable, as TF's were)."""
-        logical = self.tables.logical(jax.device_get(extra))
-        return {t: logical[t] for t in self.spec.tables}
+    def warm_start_variables(self, extra: EmbeddingState) -> dict[str, jax.ShapeDtypeStruct]:
+        """The tables offered to warm start as `embedding/<table>` (trainable, as TF's were):
+        their logical shapes and dtypes (a stacked table's: its stack's); no table is read."""
+        keys = storage_keys(self.tables.layout_code())
+        return {
+            t: jax.ShapeDtypeStruct((c.vocabulary_size, c.dimension), extra.tables[keys[t]].dtype)
+            for t, c in self.spec.tables.items()
+        }
 
-    def warm_started(self, extra: EmbeddingState, tables: Mapping[str, Any]) -> EmbeddingState:
-        """`extra` with the warm-started whole tables placed; the optimizer slots start fresh,
-        as TF's warm start left them."""
-        logical = self.tables.logical(jax.device_get(extra))
-        with_slots = any(extra.slots.get(t) for t in self.spec.tables)
-        return self.tables.place({**logical, **tables}, with_slots=with_slots)
+    def warm_started(self, extra: EmbeddingState, values: Mapping[str, Any]) -> EmbeddingState:
+        """`extra` with the warm-started tables placed: a checkpoint's saved table
+        (`row_sources.SavedTable`, from `TableReader.rows`, saved plain or stacked) read by
+        each block of rows this host's devices hold, a whole array (an export's, a TF
+        checkpoint's) through the same blocks. A stack (embedding/tablewise.py) is rebuilt
+        block by block from its fresh values with its chosen tables' rows read over them.
+        The other tables and the optimizer slots are kept (fresh: as TF's warm start left
+        the slots)."""
+        mine, shardings = self.tables.layouts, self.tables.table_shardings()
+        placed = {}
+        for t, value in values.items():
+            if t in mine:  # a table of its own (row, column, replicated)
+                array = place_rows(value, mine[t], shardings[t])
+                placed[t] = array if array.dtype == extra.tables[t].dtype else array.astype(extra.tables[t].dtype)
+        for s in self.tables.stacks:
+            chosen = [(values[t], member) for t, member in s.members if t in values]
+            if chosen:
+                array = place_stack(chosen, extra.tables[s.name], shardings[s.name])
+                placed[s.name] = array if array.dtype == extra.tables[s.name].dtype else array.astype(
+                    extra.tables[s.name].dtype)
+        return extra.replace(tables={**extra.tables, **placed})
 
     def export_state(self, raw: Any) -> dict[str, np.ndarray]:
         """What an export carries: the whole logical tables (an export looks up on one device)."""
@@ -254,6 +275,16 @@ class TableReader:
         """`stored` (name -> the array as saved, in storage order) as whole logical tables."""
         layouts, tables = saved_layouts(saved_layout(saved, read)), _variables(saved)
         return {name: layouts[tables[name][2]].to_logical(value) for name, value in stored.items()}
+
+    def rows(
+        self, saved: Any, read: Callable[[Any], Any], open_rows: Callable[[Any], RowReader], names: Any
+    ) -> dict[str, SavedTable]:
+        """name -> the saved table (or slot) `names` to read by rows (warm start): the
+        checkpoint's reader of the stored array (`open_rows(leaf)`: a stacked table's, its
+        stack's) and the table's saved storage order in it (a `MemberLayout` for a stacked
+        table; reads only the small layout arrays)."""
+        layouts, tables = saved_layouts(saved_layout(saved, read)), _variables(saved)
+        return {name: SavedTable(open_rows(tables[name][0]), layouts[tables[name][2]]) for name in names}
 
 
 def _variables(saved: Any) -> dict[str, tuple[Any, tuple[str, ...], str]]:

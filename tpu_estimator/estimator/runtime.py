@@ -6,6 +6,7 @@ The core keeps one Runtime per (mode, batch size), so a second call of
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
@@ -295,7 +296,8 @@ class Runtime:
         return dict(jax.tree_util.tree_map_with_path(lambda p, _: have[variable_name(p)], needed))
 
     def _after_init(self, state: TrainState) -> TrainState:
-        """Applies `warm_start_from` (to the variables and to the components' `warm_start_variables`),
+        """Applies `warm_start_from` (to the variables and to the components' `warm_start_variables`:
+        what they warm-start, a checkpoint's embedding tables read by rows),
         then the Scaffold's init_fn (called on the host), to fresh variables; then builds the
         optimizer state and the components' state from the parameters training starts from
         (an optimizer whose state holds parameter values, e.g. an EMA, must see these)."""
@@ -306,7 +308,11 @@ class Runtime:
             c.name: c.warm_start_variables(state.extras[c.name]) for c in comps  # type: ignore[attr-defined]
         }
         readers = self.core.variable_readers
-        state, started = apply_warm_start(state, warm, {"params": sh.params, **sh.collections}, offered, readers)
+        # a checkpoint's tables read by rows, as a restore reads them (aligned blocks, trimmed)
+        open_rows = functools.partial(opener, empty=aligned_empty, release=trim)
+        state, started = apply_warm_start(
+            state, warm, {"params": sh.params, **sh.collections}, offered, readers, open_rows
+        )
         if started:
             state = _with(state, {
                 c.name: c.warm_started(state.extras[c.name], started[c.name])  # type: ignore[attr-defined]

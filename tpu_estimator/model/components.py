@@ -26,8 +26,8 @@ Optional hooks, each called only for a component that has it (`hasattr`):
 | the per-replica programs (`shard_map` in/out specs; default replicated) | `replica_specs(extra)` | embedding |
 | restore: a raw (numpy) restore needed? (another device count, layout) | `restore_plan(saved_meta, read) -> bool` (`read` reads a part of it as numpy) | embedding |
 | restore: its state read from the checkpoint into this topology's shards (the raw restore leaves it out) | `from_checkpoint(saved_meta, read, open_rows, *, with_slots) -> extra` (`open_rows(leaf)` reads chosen rows of a saved array) | embedding |
-| warm start: its trainable variables (`<name>/<key>`), whole | `warm_start_variables(extra) -> {key: array}` | embedding |
-|  | `warm_started(extra, values) -> extra` | embedding |
+| warm start: its trainable variables (`<name>/<key>`), as shapes (nothing read) | `warm_start_variables(extra) -> {key: ShapeDtypeStruct}` | embedding |
+|  | `warm_started(extra, values) -> extra` (values: arrays, or the source reader's row sources: `VariableReader.rows`) | embedding |
 | export: what the export's variables carry under `<name>` | `export_state(raw_extra)` | embedding |
 | export: the component for a one-device export | `on_one_device() -> component` | embedding |
 
