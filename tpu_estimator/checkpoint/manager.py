@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import logging
 import os
 import uuid
 from typing import Any
@@ -117,12 +118,13 @@ class Checkpointer:
         if staged:  # the manager only lists and restores: opened as readers open it
             read_only = True
         # Orbax lists the steps (and creates the directory) here: bounded like every read.
-        self._manager = self._bounded(lambda: ocp.CheckpointManager(
+        # (Its warning that the directory is read-only is dropped for a staged model_dir.)
+        self._manager = self._bounded(lambda: _quiet_read_only(staged, lambda: ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
                 multiprocessing_options=this_process_alone() if read_only else ocp.options.MultiprocessingOptions(),
                 max_to_keep=max_to_keep or None,
-                keep_time_interval=keep_time,
+                keep_time_interval=None if read_only else keep_time,  # (Orbax warns)
                 create=not read_only,
                 read_only=read_only,
                 # Reading: no step's metadata is read when the steps are listed (a request or
@@ -137,7 +139,7 @@ class Checkpointer:
                     create_directories_asynchronously=False,
                 ),
             ),
-        ), "opening the checkpoints of model_dir")
+        )), "opening the checkpoints of model_dir")
         self._staged = StagedWriter(
             self.directory, steps=self._manager.all_steps(), max_to_keep=max_to_keep or None,
             keep_time=keep_time,
@@ -322,6 +324,22 @@ class Checkpointer:
                 STORAGE_FIX,
             )
         )
+
+
+def _quiet_read_only(quiet: bool, make: Any) -> Any:
+    """`make()`, without Orbax's "Given directory is read only" warning when `quiet`."""
+    if not quiet:
+        return make()
+    logger = logging.getLogger("absl")
+
+    def drop(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Given directory is read only")
+
+    logger.addFilter(drop)
+    try:
+        return make()
+    finally:
+        logger.removeFilter(drop)
 
 
 @dataclasses.dataclass(frozen=True)

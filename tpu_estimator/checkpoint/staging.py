@@ -72,7 +72,10 @@ class StagedWriter:
         self._keep_time = keep_time
         self._saved: dict[int, float | None] = {s: None for s in steps}  # step -> commit time
         _remove_stale_roots()
-        self._root = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}_")
+        try:
+            self._root = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}_")
+        except OSError as e:
+            raise _local_error(os.path.join(tempfile.gettempdir(), f"{_PREFIX}..."), e) from e
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._root, True)
         self._checkpointer = ocp.AsyncCheckpointer(ocp.CompositeCheckpointHandler())
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-upload")

@@ -1,0 +1,70 @@
+"""Staged saves on gs:// (checkpoint/staging.py): what is kept, what is deleted, where the
+local copy goes. The requests they send are counted in test_requests.py; a save cut
+before its commit marker in test_store_away.py."""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+
+import pytest
+
+import cloud_model as cm
+import tpu_estimator as te
+from tpu_estimator.checkpoint import listing
+from tpu_estimator.checkpoint.manager import Checkpointer
+
+
+@pytest.fixture(scope="module")
+def kept_two(gs_module_dir):
+    """12 steps with a checkpoint every 4 (0, 4, 8, 12) and keep_checkpoint_max=2."""
+    model_dir = f"{gs_module_dir}/kept_two"
+    cfg = te.RunConfig(model_dir=model_dir, tpu_config=te.TPUConfig(iterations_per_loop=4),
+                       save_checkpoints_steps=4, keep_checkpoint_max=2, tf_random_seed=0,
+                       log_step_count_steps=None)
+    est = te.TPUEstimator(cm.model_fn, config=cfg, train_batch_size=16, eval_batch_size=16)
+    est.train(cm.train_input_fn, max_steps=12)
+    return est
+
+
+def test_keep_checkpoint_max_deletes_the_older_steps_whole(kept_two):
+    model_dir = kept_two.model_dir
+    reader = Checkpointer(model_dir, read_only=True)
+    try:
+        assert reader.all_steps() == [8, 12]
+    finally:
+        reader.close()
+    assert listing.list_files(f"{model_dir}/0") == {} and listing.list_files(f"{model_dir}/4") == {}
+    kept = listing.list_files(f"{model_dir}/8")
+    assert "commit_success.txt" in kept and "tpu_estimator_digests.json" in kept
+
+
+def test_a_new_estimator_restores_the_newest_staged_step(kept_two):
+    fresh = te.TPUEstimator(cm.model_fn, config=kept_two.config, train_batch_size=16, eval_batch_size=16)
+    assert fresh.latest_checkpoint() == f"{kept_two.model_dir}/12"
+    assert fresh.get_variable_value("global_step") == 12
+    for name in fresh.get_variable_names():
+        assert (fresh.get_variable_value(name) == kept_two.get_variable_value(name)).all(), name
+
+
+def test_a_staging_directory_that_cannot_be_made_is_named_with_the_fix(gs_dir, tmp_path, monkeypatch):
+    not_a_dir = tmp_path / "a_file"
+    not_a_dir.write_text("x")
+    monkeypatch.setattr(tempfile, "tempdir", str(not_a_dir))
+    with pytest.raises(te.CheckpointStorageError, match=r"local staging directory.*a_file.*Set the TMPDIR"):
+        Checkpointer(gs_dir)
+
+
+def test_staging_directories_of_ended_processes_are_removed(gs_dir, tmp_path, monkeypatch):
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    stale = tmp_path / f"tpu_estimator_staging_{ended.pid}_abc"
+    (stale / "8" / "state").mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    checkpointer = Checkpointer(gs_dir)
+    try:
+        assert not stale.exists()
+        assert len(list(tmp_path.glob("tpu_estimator_staging_*"))) == 1  # this process's own
+    finally:
+        checkpointer.close()
+    assert list(tmp_path.glob("tpu_estimator_staging_*")) == []  # removed at close
