@@ -58,6 +58,7 @@ class StoreProxy:
         self.upstream = urllib.parse.urlsplit(upstream)
         self.fail_every = fail_every
         self.gone = False
+        self.held = False
         self.arrived = 0  # every request that reached the proxy: forwarded, 503'd or dropped
         self.counts: collections.Counter[str] = collections.Counter()
         self.failed = 0
@@ -102,8 +103,12 @@ class StoreProxy:
                         proxy._when, proxy.went_at = None, time.monotonic()
                         if proxy._how == "gone":
                             proxy.gone = True
+                        elif proxy._how == "hold":
+                            proxy.held = True
                         else:
                             proxy._n, proxy.fail_every = 0, 1
+                if proxy.held:  # never answered, never forwarded (the client waits)
+                    threading.Event().wait()
                 if proxy.gone:
                     self.close_connection = True
                     self.connection.close()
@@ -163,10 +168,11 @@ class StoreProxy:
         self._thread.start()
 
     def go_away(self, when: Callable[[str, str, str], bool], how: str) -> None:
-        """From the first request matching `when` on: 503 to everything (`how="503"`) or every
-        connection dropped (`how="gone"`)."""
-        if how not in ("503", "gone"):
-            raise ValueError(f"how must be '503' or 'gone'; received how={how!r}")
+        """From the first request matching `when` on: 503 to everything (`how="503"`), every
+        connection dropped (`how="gone"`) or every request held unanswered (`how="hold"`:
+        for a process to be killed mid-request)."""
+        if how not in ("503", "gone", "hold"):
+            raise ValueError(f"how must be '503', 'gone' or 'hold'; received how={how!r}")
         with self._lock:
             self._when, self._how, self.went_at = when, how, None
 

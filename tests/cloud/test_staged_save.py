@@ -1,11 +1,16 @@
 """Staged saves on gs:// (checkpoint/staging.py): what is kept, what is deleted, where the
-local copy goes. The requests they send are counted in test_requests.py; a save cut
-before its commit marker in test_store_away.py."""
+local copy goes, and a process killed before a step's commit marker. The requests they
+send are counted in test_requests.py; a save cut at its marker by a store that stays
+away in test_store_away.py."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import sys
 import tempfile
+import time
 
 import pytest
 
@@ -68,3 +73,33 @@ def test_staging_directories_of_ended_processes_are_removed(gs_dir, tmp_path, mo
     finally:
         checkpointer.close()
     assert list(tmp_path.glob("tpu_estimator_staging_*")) == []  # removed at close
+
+
+def test_a_process_killed_before_its_commit_marker_leaves_no_step(gcs_server, gs_dir, tmp_path):
+    """SIGKILL while checkpoint 4's commit marker is being uploaded (every other file of the
+    step is on the store): no reader takes step 4; a new estimator restores step 0."""
+    job = os.path.join(os.path.dirname(__file__), "kill_mid_save_job.py")
+    log = tmp_path / "log.txt"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, job, gcs_server, gs_dir], stdout=subprocess.PIPE,
+                                stderr=err, text=True)
+    try:
+        line = ""
+        deadline = time.monotonic() + 240
+        while not line.startswith("HELD") and time.monotonic() < deadline and proc.poll() is None:
+            line = proc.stdout.readline()
+        assert line.startswith("HELD"), f"{line!r}; {log.read_text()[-3000:]}"
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    files = listing.list_files(f"{gs_dir}/4")
+    assert "commit_success.txt" not in files and "state/manifest.ocdbt" in files, sorted(files)
+    reader = Checkpointer(gs_dir, read_only=True)
+    try:
+        assert reader.all_steps() == [0]
+    finally:
+        reader.close()
+    assert cm.estimator(gs_dir).latest_checkpoint() == f"{gs_dir}/0"
