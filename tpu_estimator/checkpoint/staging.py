@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 import weakref
 from typing import Any, Iterable
@@ -71,6 +72,7 @@ class StagedWriter:
         self._max_to_keep = max_to_keep
         self._keep_time = keep_time
         self._saved: dict[int, float | None] = {s: None for s in steps}  # step -> commit time
+        self._lock = threading.Lock()  # _saved: changed on the upload thread
         _remove_stale_roots()
         try:
             self._root = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}_")
@@ -84,11 +86,13 @@ class StagedWriter:
     @property
     def steps(self) -> list[int]:
         """The steps of the directory as this writer knows them (its own saves and deletes)."""
-        return sorted(self._saved)
+        with self._lock:
+            return sorted(self._saved)
 
     def forget(self, step: int) -> None:
         """`step` is no longer in the directory (moved aside by the caller)."""
-        self._saved.pop(step, None)
+        with self._lock:
+            self._saved.pop(step, None)
 
     def save(self, step: int, args: Any, *, input_saved: bool) -> None:
         """Starts saving `args` (an `ocp.args.Composite`) as `step`; waits for the previous save.
@@ -128,17 +132,21 @@ class StagedWriter:
         remote = f"{self.directory}/{step}"
         _upload(local, remote)
         shutil.rmtree(local, ignore_errors=True)
-        self._saved[step] = time.time()
+        with self._lock:
+            self._saved[step] = time.time()
         self._delete_old()
 
     def _delete_old(self) -> None:
+        with self._lock:
+            saved = dict(self._saved)
         if self._keep_time is not None:  # the commit times of steps saved before this writer
-            for s, t in list(self._saved.items()):
-                if t is None:
-                    self._saved[s] = _commit_time(f"{self.directory}/{s}")
-        for s in retention.to_delete(self._saved, max_to_keep=self._max_to_keep, keep_time=self._keep_time):
+            saved = {s: _commit_time(f"{self.directory}/{s}") if t is None else t for s, t in saved.items()}
+            with self._lock:
+                self._saved.update({s: t for s, t in saved.items() if s in self._saved})
+        for s in retention.to_delete(saved, max_to_keep=self._max_to_keep, keep_time=self._keep_time):
             delete_step(f"{self.directory}/{s}")
-            self._saved.pop(s, None)
+            with self._lock:
+                self._saved.pop(s, None)
 
 
 def _upload(local: str, remote: str) -> None:
