@@ -15,9 +15,12 @@ import pytest
 
 JOB = os.path.join(os.path.dirname(__file__), "request_job.py")
 # docs/cluster.md: a save of the small model on gs:// is staged (checkpoint/staging.py):
-# one upload per file of the step (16), nothing else on the step; the window of a save
-# also holds the summaries' uploads of those steps (0-2).
-SAVE_BOUND = 20
+# one upload per file of the step, nothing else on the step: 11 files whatever the model
+# and its OCDBT data files (5-9 in the benchmark runs, more once in a loaded test run:
+# their number varies with TensorStore's write batching); besides, the window of a save
+# holds at most a deadline probe or two.
+SAVE_BOUND = 30
+OTHERS_BOUND = 3
 EVALUATE_BOUND = 200
 
 
@@ -43,6 +46,7 @@ def test_a_save_sends_a_bounded_set_and_the_digests_in_one_upload(counted):
     assert [s["step"] for s in counted["saves"]] == [0, 4, 8, 12]
     for save in counted["saves"]:
         assert save["total"] <= SAVE_BOUND, save
+        assert save["total"] - save["in_step"]["total"] <= OTHERS_BOUND, save
         # the digests: one upload, computed from the local copy, nothing read back
         assert save["digests"] == ["upload POST"], save
         # each file of the step uploaded once, no existence check, listing, read or delete
