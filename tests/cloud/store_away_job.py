@@ -11,7 +11,7 @@
   * "marker": from the upload of checkpoint 4's `commit_success.txt` on (its data and
     metadata uploaded, the marker not), every request is answered 503: a save cut
     just before its commit (`step_4_files`: the files of `<model_dir>/4` once the store
-    is back; `latest_after` must be the previous checkpoint);
+    is back; `latest_after`: 0, or 4 if the upload thread's retry of the marker landed);
   * "exit" (last, if at all): as "gone", but the store stays away after train() raised,
     and the process then ends by itself (`raised_at`: time.time() at the raise, for the
     caller to measure how long the exit took: nothing may wait on the store much longer).

@@ -72,17 +72,19 @@ def test_a_store_that_stays_away_ends_train_within_the_deadline(results, gs_modu
     assert TIMEOUT_S <= r["seconds"] <= TIMEOUT_S + MARGIN_S, r
 
 
-def test_a_save_cut_before_its_commit_marker_is_no_checkpoint(results, gs_module_dir):
+def test_a_save_cut_at_its_commit_marker_raises_and_leaves_the_rest_uploaded(results, gs_module_dir):
     """A staged save on gs:// uploads its commit marker last (checkpoint/staging.py): cut
-    there, every other file of the step is on the store and no reader takes it."""
+    there, train() raises within the deadline with every other file of the step on the
+    store. Once the store is back, gcsfs's retry of the marker (still running in the
+    upload thread) may land: a new estimator then takes step 4, whole and verified, else
+    step 0. (A process killed before its marker: test_staged_save.py.)"""
     r = results["marker"]
     assert r["error"] == "CheckpointStorageError", r
     assert f"path='{gs_module_dir}/marker'" in r["message"], r
     assert TIMEOUT_S <= r["seconds"] <= TIMEOUT_S + MARGIN_S, r
     files = r["step_4_files"]
-    assert "commit_success.txt" not in files, files
     assert {"_CHECKPOINT_METADATA", "tpu_estimator_digests.json", "state/manifest.ocdbt"} <= set(files), files
-    assert r["latest_after"] == 0, r  # the previous checkpoint
+    assert r["latest_after"] in (0, 4), r  # latest_checkpoint() verified it against its digests
 
 
 def test_the_process_that_met_the_error_exits_by_itself_soon_after(results):
