@@ -135,3 +135,15 @@ def is_local(uri: str | os.PathLike[str]) -> bool:
 def join(base: str | os.PathLike[str], *parts: str) -> str:
     """`base/part/...` as a string, for local paths and URIs alike."""
     return str(epath.Path(base).joinpath(*parts))
+
+
+def process_running(pid: int) -> bool:
+    """Whether local process `pid` still runs: a temporary directory named after it (a staged
+    checkpoint, an export being written) is still in use and must not be removed."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's process
+        return True
+    return True

@@ -42,6 +42,7 @@ import jax
 from tpu_estimator.api.checks import message
 from tpu_estimator.checkpoint import integrity, listing, retention
 from tpu_estimator.errors import CheckpointStorageError
+from tpu_estimator.paths import process_running
 
 COMMIT_MARKER = "commit_success.txt"  # Orbax's: CommitFileTemporaryPath, gs:// steps
 _PREFIX = "tpu_estimator_staging_"
@@ -193,18 +194,8 @@ def _remove_stale_roots() -> None:
         return
     for name in names:
         pid = name[len(_PREFIX):].split("_", 1)[0] if name.startswith(_PREFIX) else ""
-        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not process_running(int(pid)):
             shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process
-        return True
-    return True
 
 
 def _local_error(path: str, error: BaseException) -> CheckpointStorageError:

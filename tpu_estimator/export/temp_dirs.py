@@ -19,7 +19,7 @@ import uuid
 
 from etils import epath
 
-from tpu_estimator.paths import join
+from tpu_estimator.paths import join, process_running
 
 log = logging.getLogger("tpu_estimator")
 
@@ -38,16 +38,6 @@ def new_temp(base: str) -> str:
     return join(base, f"{PREFIX}{int(time.time())}-{host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
 def abandoned(name: str, *, now: float | None = None) -> bool:
     """True if the temporary directory `name` (a basename) belongs to a writer that is gone."""
     match = _NAME.match(name)
@@ -55,7 +45,7 @@ def abandoned(name: str, *, now: float | None = None) -> bool:
         return False
     started, host, pid = int(match[1]), match[2], match[3]
     if host == host_tag() and pid is not None and int(pid) != os.getpid():
-        return not _running(int(pid))
+        return not process_running(int(pid))
     return (time.time() if now is None else now) - started > STALE_S
 
 
