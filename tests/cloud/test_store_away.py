@@ -24,6 +24,11 @@ TIMEOUT_S = 3.0
 # The deadline, one probe interval (a tenth of it) for the probe that finds the store
 # away, and slack for a loaded 2-core machine (the waits poll every interval).
 MARGIN_S = storage.probe_interval(TIMEOUT_S) * 2 + 2.0
+# The deadline counts from the store's last answer, which can come before the fault: the
+# probe answered one interval earlier while the next one, sent just before the fault, is
+# dropped unanswered (seen with staged saves, whose upload thread sends nothing while Orbax
+# writes locally: 2.53 s after the fault for a 3 s deadline).
+EARLY_S = storage.probe_interval(TIMEOUT_S) * 2
 # After the raise, the clients' own calls end within gcsfs's longest backoff (16 s plus up
 # to 1 s of jitter: a call asleep between tries when the deadline passes fails at its next
 # try) and TensorStore's last retry (storage.client_retries: about one deadline after its
@@ -69,7 +74,7 @@ def test_a_store_that_stays_away_ends_train_within_the_deadline(results, gs_modu
     assert f"path='{gs_module_dir}/{case}'" in r["message"], r
     assert "did not answer for 3 s (storage_timeout_s)" in r["message"], r
     assert "storage_timeout_s=" in r["message"]  # the fix names the setting
-    assert TIMEOUT_S <= r["seconds"] <= TIMEOUT_S + MARGIN_S, r
+    assert TIMEOUT_S - EARLY_S <= r["seconds"] <= TIMEOUT_S + MARGIN_S, r
 
 
 def test_a_save_cut_at_its_commit_marker_raises_and_leaves_the_rest_uploaded(results, gs_module_dir):
