@@ -63,6 +63,13 @@ def test_two_processes_match_one_and_share_checkpoints(tmp_path, one_host):
     np.testing.assert_allclose(
         np.concatenate(per_host), np.load(f"{base / 'one.npz'}.predict0.npy"), rtol=1e-5, atol=1e-6
     )
+    # a checkpoint of two processes evaluated on one: read whatever topology saved it
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WORKER_EVAL_ONLY", "1")
+        evaluated = run(1, tmp_path / "a", 4, tmp_path / "e.npz")
+    assert (evaluated["procs"], evaluated["step"]) == (1, 4)
+    for k in ("eval_loss", "eval_accuracy"):
+        np.testing.assert_allclose(evaluated[k], two[k], rtol=1e-5, atol=1e-6, err_msg=k)
     # each continues the other's checkpoint
     one_from_two = run(1, tmp_path / "a", 6, tmp_path / "c.npz")
     two_from_one = run(2, base / "b", 6, tmp_path / "d.npz")

@@ -22,7 +22,7 @@ from etils import epath
 from tpu_estimator.api.checks import message
 from tpu_estimator.errors import CheckpointStorageError
 from tpu_estimator.checkpoint import client_retries, integrity
-from tpu_estimator.checkpoint.numpy_read import this_process_alone
+from tpu_estimator.checkpoint.numpy_read import restore_state_numpy, state_metadata, this_process_alone
 from tpu_estimator.checkpoint.row_reads import CHUNK_BYTES, chunked_save_args
 from tpu_estimator.paths import as_uri, join
 from tpu_estimator.storage import bounded
@@ -225,19 +225,18 @@ class Checkpointer:
 
         return self._bounded(read, f"restoring the input position of checkpoint {step}")
 
-    def restore_raw(self, step: int) -> dict[str, Any]:
-        """The saved state as nested dicts of numpy-backed arrays (no model needed).
+    def restore_raw(self, step: int, *, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The saved state as nested dicts of numpy arrays (no model needed), but for its
+        top-level fields `leave_out` (e.g. "opt_state", which inference never reads).
+
+        Read as numpy, whatever topology saved it (Orbax's restore without a target would
+        place each array as saved, and refuses another process or device count).
 
         Raises:
           CheckpointStorageError: the store did not answer for `storage_timeout_s`.
         """
-        import orbax.checkpoint as ocp
-
-        out = self._bounded(
-            lambda: self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore())),
-            f"restoring checkpoint {step}",
-        )
-        return out["state"]
+        tree = {k: v for k, v in state_metadata(self.path(step)).items() if k not in leave_out}
+        return restore_state_numpy(self.path(step), tree)
 
     def wait(self) -> None:
         """Blocks until background saves are on disk.

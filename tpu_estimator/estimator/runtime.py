@@ -208,9 +208,10 @@ class Runtime:
         # (each device's rows of the embedding tables): the raw restore leaves them out
         direct = [c for c in comps if hasattr(c, "from_checkpoint") and c.name in saved]
         if direct:
-            raw, _ = saved_state(_restore_without(ref.path, tree, [where[c.name] for c in direct]))
+            unread = [where[c.name] for c in direct] + ([] if train or "opt_state" not in tree else [("opt_state",)])
+            raw, _ = saved_state(_restore_without(ref.path, tree, unread))
         else:
-            raw, _ = saved_state(ref.checkpointer.restore_raw(ref.step))
+            raw, _ = saved_state(ref.checkpointer.restore_raw(ref.step, leave_out=() if train else ("opt_state",)))
         if fresh:  # their state starts from `init` of the restored state
             base = _fill(abstract.replace(extras=None), raw)
             started = {c.name: jax.device_get(c.init(base)) for c in fresh}

@@ -243,7 +243,7 @@ def _variables(
         if variables is None:
             raise ValueError(f"Couldn't find trained model at {core.model_dir}.")
         return variables, None
-    raw, _ = saved_state(ref.checkpointer.restore_raw(ref.step))
+    raw, _ = saved_state(ref.checkpointer.restore_raw(ref.step, leave_out=("opt_state",)))
     variables = {"params": raw["params"], **dict(raw.get("collections") or {})}
     variables = components.inference_variables(core.components, raw.get("extras"), variables)
     variables.update(components.export_state(core.components, raw.get("extras")))
