@@ -8,6 +8,8 @@ the activation gradients update the tables. 8 replicas equal 1 device.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,7 +58,7 @@ def make_spec(optimizer, users="row", items="row"):
     )
 
 
-def batches(n):
+def batches(n, B=B):
     rng = np.random.RandomState(0)
     for _ in range(n):
         history = rng.randint(0, 203, (B, 4))
@@ -72,9 +74,9 @@ def batches(n):
         }, rng.randn(B).astype(np.float32)
 
 
-def train(spec, topology, steps=3):
+def train(spec, topology, steps=3, routing="auto", batch=B):
     tables = replica_tables(spec, topology)
-    coll = replica_collectives(topology)
+    coll = dataclasses.replace(replica_collectives(topology), routing=routing)
     emb = tables.init(jax.random.PRNGKey(1))
     params = {"w": jnp.full((2 * DIM + 4 * DIM + 3, 1), 0.1)}
     tx = optax.sgd(0.1)
@@ -109,7 +111,7 @@ def train(spec, topology, steps=3):
         )
     )
     losses = []
-    for i, (features, labels) in enumerate(batches(steps)):
+    for i, (features, labels) in enumerate(batches(steps, batch)):
         features = prepare_features(spec, features)  # on the host: checked, int32 [batch, width]
         params, opt_state, emb, loss = program(params, opt_state, emb, jnp.int32(i), features, labels)
         losses.append(float(loss))
@@ -137,3 +139,29 @@ def test_8_replicas_train_like_1_device(optimizer):
         np.testing.assert_allclose(tables8[name], tables1[name], rtol=1e-5, atol=1e-6, err_msg=name)
     items = emb8.tables["items"]
     assert {s.data.shape for s in items.addressable_shards} == {(26, DIM)}  # ceil(203 / 8) rows per device
+
+
+@pytest.mark.parametrize(
+    "users, items, routing, batch",
+    [("replicated", "row", "owners", 12), ("row", "column", "all_gather", B)],
+    ids=lambda p: str(p),
+)
+def test_4_replicas_of_2_cores_train_like_1_device(users, items, routing, batch):
+    """num_cores_per_replica=2: the tables over all 8 devices ("data" x "model"), each core
+    looking up its half of its replica's examples: a row table's ids routed to their owners
+    over both axes (3 examples per replica: the second core's half padded) or all-gathered,
+    a replicated and a column table beside it; equal to 1 device (Adagrad)."""
+    spec = make_spec(AdagradParameters(0.5), users=users, items=items)
+    topology = Topology.create(use_tpu=True, cores_per_replica=2)
+    assert replica_collectives(topology).routed
+    losses1, params1, tables1, _ = train(spec, Topology.create(use_tpu=False), batch=batch)
+    losses8, params8, tables8, emb8 = train(spec, topology, routing=routing, batch=batch)
+    np.testing.assert_allclose(losses8, losses1, rtol=1e-5)
+    np.testing.assert_allclose(params8["w"], params1["w"], rtol=1e-5, atol=1e-6)
+    for name in tables1:
+        np.testing.assert_allclose(tables8[name], tables1[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    shapes = {"row": (26, DIM), "column": (203, 1), "replicated": (50, DIM)}
+    for name, plan in (("users", users), ("items", items)):
+        for array in (emb8.tables[name], *emb8.slots[name].values()):
+            want = shapes[plan] if plan != "row" or name == "items" else (7, DIM)  # ceil(50 / 8)
+            assert {s.data.shape for s in array.addressable_shards} == {want}, (name, plan)

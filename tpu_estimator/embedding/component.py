@@ -91,10 +91,10 @@ class EmbeddingTables:
         return self.tables.build(key, with_slots=state.opt_state is not None)
 
     def specs(self, extra: EmbeddingState, state_specs_: Any) -> EmbeddingState:
-        return state_specs(extra, self.tables.stored_plans)  # over "data" by plan (the mesh's and the per-replica programs')
+        return state_specs(extra, self.tables.stored_plans, self.tables.axes)  # over every device, by plan
 
     def replica_specs(self, extra: EmbeddingState) -> EmbeddingState:
-        return state_specs(extra, self.tables.stored_plans)
+        return state_specs(extra, self.tables.stored_plans)  # manual over "data" (split over "model" inside)
 
     def after_step(self, extra: EmbeddingState, state: Any) -> EmbeddingState:
         return extra  # updated in `update`
