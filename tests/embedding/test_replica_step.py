@@ -142,18 +142,19 @@ def test_8_replicas_train_like_1_device(optimizer):
 
 
 @pytest.mark.parametrize(
-    "users, items, routing, batch",
-    [("replicated", "row", "owners", 12), ("row", "column", "all_gather", B)],
+    "users, items, routing, batch, cores, split",
+    [("replicated", "row", "owners", 10, 4, True), ("row", "column", "all_gather", B, 2, False)],
     ids=lambda p: str(p),
 )
-def test_4_replicas_of_2_cores_train_like_1_device(users, items, routing, batch):
-    """num_cores_per_replica=2: the tables over all 8 devices ("data" x "model"), each core
-    looking up its half of its replica's examples: a row table's ids routed to their owners
-    over both axes (3 examples per replica: the second core's half padded) or all-gathered,
-    a replicated and a column table beside it; equal to 1 device (Adagrad)."""
+def test_replicas_of_several_cores_train_like_1_device(users, items, routing, batch, cores, split):
+    """num_cores_per_replica > 1: the tables over all 8 devices ("data" x "model", or the
+    split "model" axes of 2 replicas x 2 x 2 cores), each core looking up its 1/cores of its
+    replica's examples: a row table's ids routed to their owners over every axis (5 examples
+    per replica of 4 cores: padded to 8) or all-gathered, a replicated and a column table
+    beside it; equal to 1 device (Adagrad)."""
     spec = make_spec(AdagradParameters(0.5), users=users, items=items)
-    topology = Topology.create(use_tpu=True, cores_per_replica=2)
-    assert replica_collectives(topology).routed
+    topology = Topology.create(use_tpu=True, cores_per_replica=cores, split_model=split)
+    assert replica_collectives(topology).routed and len(topology.mesh.axis_names) == 2 + split
     losses1, params1, tables1, _ = train(spec, Topology.create(use_tpu=False), batch=batch)
     losses8, params8, tables8, emb8 = train(spec, topology, routing=routing, batch=batch)
     np.testing.assert_allclose(losses8, losses1, rtol=1e-5)
