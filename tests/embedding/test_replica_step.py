@@ -82,12 +82,15 @@ def train(spec, topology, steps=3, routing="auto", batch=B):
     tx = optax.sgd(0.1)
     opt_state = tx.init(params)
 
+    stored = tables.stored_spec  # table-wise tables: their stacks, as row tables (embedding/tablewise.py)
+
     def step(params, opt_state, emb, step, features, labels):  # one replica, as train_step
         features, ids, weights = split_in_step(spec, features)
         assert set(features) == {"dense"}
         dense = features["dense"]
-        acts = lookup_in_replica(spec, coll, emb, ids, weights)
         zeros = placeholder_activations(spec, ids)
+        ids = tables.stored_ids(ids)
+        acts = lookup_in_replica(stored, coll, emb, ids, weights)
         assert {f: a.shape for f, a in acts.items()} == {f: z.shape for f, z in zeros.items()}
 
         def loss_fn(params, acts):
@@ -98,10 +101,10 @@ def train(spec, topology, steps=3, routing="auto", batch=B):
 
         loss, (grads, act_grads) = jax.value_and_grad(loss_fn, argnums=(0, 1))(params, acts)
         updates, opt_state = tx.update(replica_mean(grads), opt_state)
-        emb = update_in_replica(spec, coll, emb, ids, weights, act_grads, step)
+        emb = update_in_replica(stored, coll, emb, ids, weights, act_grads, step)
         return optax.apply_updates(params, updates), opt_state, emb, replica_mean(loss)
 
-    specs = state_specs(emb, tables.plans)
+    specs = state_specs(emb, tables.stored_plans)
     program = jax.jit(
         over_replicas(
             step,
@@ -143,15 +146,15 @@ def test_8_replicas_train_like_1_device(optimizer):
 
 @pytest.mark.parametrize(
     "users, items, routing, batch, cores, split",
-    [("replicated", "row", "owners", 10, 4, True), ("row", "column", "all_gather", B, 2, False)],
+    [("replicated", "row", "owners", 10, 4, True), ("table", "column", "all_gather", B, 2, False)],
     ids=lambda p: str(p),
 )
 def test_replicas_of_several_cores_train_like_1_device(users, items, routing, batch, cores, split):
     """num_cores_per_replica > 1: the tables over all 8 devices ("data" x "model", or the
     split "model" axes of 2 replicas x 2 x 2 cores), each core looking up its 1/cores of its
     replica's examples: a row table's ids routed to their owners over every axis (5 examples
-    per replica of 4 cores: padded to 8) or all-gathered, a replicated and a column table
-    beside it; equal to 1 device (Adagrad)."""
+    per replica of 4 cores: padded to 8) or all-gathered (a table-wise table's stack), a
+    replicated and a column table beside it; equal to 1 device (Adagrad)."""
     spec = make_spec(AdagradParameters(0.5), users=users, items=items)
     topology = Topology.create(use_tpu=True, cores_per_replica=cores, split_model=split)
     assert replica_collectives(topology).routed and len(topology.mesh.axis_names) == 2 + split
@@ -161,8 +164,12 @@ def test_replicas_of_several_cores_train_like_1_device(users, items, routing, ba
     np.testing.assert_allclose(params8["w"], params1["w"], rtol=1e-5, atol=1e-6)
     for name in tables1:
         np.testing.assert_allclose(tables8[name], tables1[name], rtol=1e-5, atol=1e-6, err_msg=name)
-    shapes = {"row": (26, DIM), "column": (203, 1), "replicated": (50, DIM)}
+    shapes = {"row": (26, DIM), "column": (203, 1), "replicated": (50, DIM)}  # row: ceil(203 / 8)
     for name, plan in (("users", users), ("items", items)):
+        if plan == "table":  # stacked: 50 rows on one device of 8, each holding a block of the stack
+            assert name not in emb8.tables and len(emb8.tables) == 2, list(emb8.tables)
+            continue
         for array in (emb8.tables[name], *emb8.slots[name].values()):
-            want = shapes[plan] if plan != "row" or name == "items" else (7, DIM)  # ceil(50 / 8)
-            assert {s.data.shape for s in array.addressable_shards} == {want}, (name, plan)
+            assert {s.data.shape for s in array.addressable_shards} == {shapes[plan]}, (name, plan)
+    for array in emb8.tables.values():
+        assert len({s.device for s in array.addressable_shards}) == 8
