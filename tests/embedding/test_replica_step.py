@@ -27,6 +27,7 @@ from tpu_estimator.embedding import (
     TableConfig,
 )
 from tpu_estimator.embedding.inputs import prepare_features
+from tpu_estimator.embedding.lookup import Collectives
 from tpu_estimator.embedding.replica import (
     lookup_in_replica,
     placeholder_activations,
@@ -173,3 +174,12 @@ def test_replicas_of_several_cores_train_like_1_device(users, items, routing, ba
             assert {s.data.shape for s in array.addressable_shards} == {shapes[plan]}, (name, plan)
     for array in emb8.tables.values():
         assert len({s.device for s in array.addressable_shards}) == 8
+
+
+def test_tables_over_a_replicas_cores_need_its_batch_split_over_them_too():
+    """Each core looks up its own slice of the replica's examples: collectives that split the
+    batch over "data" alone while the tables span "model" too are refused."""
+    coll = Collectives(DATA, (DATA, "model"), 8, 4)
+    with pytest.raises(ValueError, match=r"batch split over the same axes.*table_axes=\('data', 'model'\).*"
+                                         r"replica_collectives\(topology\)"):
+        lookup_in_replica(make_spec(AdagradParameters(0.5)), coll, None, {}, {})

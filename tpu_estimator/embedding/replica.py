@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from tpu_estimator.api.checks import message
 from tpu_estimator.embedding.config import EmbeddingConfigSpec
 from tpu_estimator.embedding.lookup import Collectives, apply_local, lookup_local
 from tpu_estimator.embedding.plan import table_plans
@@ -112,8 +113,22 @@ def placeholder_activations(spec: EmbeddingConfigSpec, ids: dict[str, Any], dtyp
 
 
 def _cores(coll: Collectives) -> tuple[tuple[str, ...], int]:
-    """(a replica's own table axes: its "model" axes, none with one core; its cores M)."""
+    """(a replica's own table axes: its "model" axes, none with one core; its cores M).
+
+    Raises:
+      ValueError: the batch is not split over those axes too (each core must take its own
+        slice of the replica's examples, as `replica_collectives` says).
+    """
     inner = tuple(a for a in coll.table_axes if a != DATA)
+    if any(a not in coll.batch_axes for a in inner):
+        raise ValueError(
+            message(
+                "Tables sharded over a replica's cores need the batch split over the same axes "
+                "(each core looks up its own slice of the replica's examples).",
+                f"Collectives(batch_axis={coll.batch_axis!r}, table_axes={coll.table_axes!r})",
+                "Use replica_collectives(topology), or batch_axis=table_axes.",
+            )
+        )
     return inner, coll.num_shards // max(coll.num_replicas, 1)
 
 
