@@ -13,6 +13,7 @@ all-reduce to set aside.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import jax
@@ -24,8 +25,15 @@ from jax.sharding import Mesh, PartitionSpec as P
 from tpu_estimator.embedding import AdagradParameters, EmbeddingConfigSpec, FeatureConfig, TableConfig
 from tpu_estimator.embedding import fused
 from tpu_estimator.embedding.lookup import Collectives, routes, table_layouts
-from tpu_estimator.embedding.replica import lookup_in_replica, state_specs, update_in_replica
+from tpu_estimator.embedding.replica import (
+    lookup_in_replica,
+    replica_collectives,
+    replica_tables,
+    state_specs,
+    update_in_replica,
+)
 from tpu_estimator.embedding.sharded import ShardedTables
+from tpu_estimator.parallel.mesh import Topology
 
 PER_DEVICE, WIDTH = 32, 4
 SPEC = EmbeddingConfigSpec(
@@ -183,3 +191,45 @@ def test_groups_are_by_dimension_in_the_spec_order_and_fit_int32_ids():
     assert [g.tables for g in fused.groups(spec, layouts, blocks, list(spec.tables), False)] == [
         (t,) for t in spec.tables
     ]
+
+
+def compiled_replica_step_hlo(replicas: int, cores: int, routing: str = "owners") -> str:
+    """The step as the estimator runs it with `num_cores_per_replica=cores`: manual over
+    "data" (the replica's block split over "model" inside, embedding/replica.py), the tables
+    over every device, PER_DEVICE examples per device (`cores` x PER_DEVICE per replica)."""
+    mesh = Mesh(np.array(jax.devices()[: replicas * cores]).reshape(replicas, cores), ("data", "model"))
+    topology = Topology(mesh, num_hosts=1, host_id=0)
+    tables = replica_tables(SPEC, topology)
+    coll = dataclasses.replace(replica_collectives(topology), routing=routing)
+    state = jax.eval_shape(lambda: tables.build(jax.random.PRNGKey(0)))
+
+    def step(state, ids, step):
+        acts = lookup_in_replica(SPEC, coll, state, ids, {})
+        loss = lambda acts: sum(jnp.sum(jnp.tanh(a)) for a in acts.values())  # noqa: E731
+        return update_in_replica(SPEC, coll, state, ids, {}, jax.grad(loss)(acts), step)
+
+    specs = state_specs(state)  # per replica: manual over "data"
+    program = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(specs, P("data"), P()), out_specs=specs,
+                                    axis_names={"data"}, check_vma=False))
+    ids = {f: jax.ShapeDtypeStruct((replicas * cores * PER_DEVICE, WIDTH), jnp.int32) for f in SPEC.features}
+    return program.lower(state, ids, jax.ShapeDtypeStruct((), jnp.int32)).compile().as_text()
+
+
+@pytest.fixture(scope="module")
+def replica_bytes(per_device_bytes):
+    """(replicas, cores) -> op -> bytes per device; replicas of one core: the step above."""
+    out = {(n, 1): per_device_bytes["owners", n] for n in (2, 4, 8)}
+    return {**out, **{mesh: collective_bytes(compiled_replica_step_hlo(*mesh)) for mesh in [(2, 2), (4, 2)]}}
+
+
+def test_tables_over_data_and_model_route_with_bytes_flat_in_the_replicas(replica_bytes):
+    """num_cores_per_replica=2 (2x2 and 4x2 meshes), tables over all devices: the ids go to
+    their owners over ("data", "model") jointly (all-to-alls), and one all-gather over
+    "model" rebuilds a replica's activations; per device, flat in the replicas and within
+    1.3x of replicas of one core (2x1, 4x1, 8x1) at the same examples per device."""
+    totals = {mesh: sum(b.values()) for mesh, b in replica_bytes.items()}
+    assert set(replica_bytes[4, 2]) == {"all-to-all", "all-gather", "all-reduce"}, replica_bytes[4, 2]
+    assert replica_bytes[4, 2]["all-to-all"] == replica_bytes[8, 1]["all-to-all"], replica_bytes
+    acts = 2 * 2 * PER_DEVICE * 16 * 4  # 2 features: the replica's [2 x PER_DEVICE, 16] float32 each
+    assert replica_bytes[4, 2]["all-gather"] == acts, replica_bytes[4, 2]
+    assert max(totals.values()) <= 1.3 * min(totals.values()), totals

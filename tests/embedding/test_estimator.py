@@ -286,16 +286,28 @@ def test_warm_start_copies_the_tables_slots_start_fresh(runs, tmp_path):
 
 
 def test_model_parallel_replicas_look_up_like_1_device(runs, tmp_path):
-    """num_cores_per_replica=2: 4 replicas of 2 cores; the tables' rows split over the replicas."""
+    """num_cores_per_replica=2: 4 replicas of 2 cores; the tables' rows split over all 8
+    devices ("data" and "model": each core holds 1/8, not its replica's 1/4), each core
+    looking up half of its replica's examples; trained, evaluated and predicted as 1 device."""
     config = te.RunConfig(
         model_dir=str(tmp_path), tpu_config=te.TPUConfig(iterations_per_loop=3, num_cores_per_replica=2)
     )
     est = te.TPUEstimator(
-        model_fn, config=config, use_tpu=True, train_batch_size=B, eval_batch_size=B,
+        model_fn, config=config, use_tpu=True, train_batch_size=B, eval_batch_size=B, predict_batch_size=B,
         embedding_config_spec=make_spec(),
     )
-    est.train(train_input(BATCHES[:STEPS]), max_steps=STEPS)
+    probe = StateProbe()
+    est.train(train_input(BATCHES[:STEPS]), max_steps=STEPS, hooks=[probe])
+    emb = probe.state.extras["embedding"]
+    for name, rows in (("users", 7), ("items", 26)):  # ceil(V / 8)
+        for array in (emb.tables[name], *emb.slots[name].values()):
+            assert {s.data.shape for s in array.addressable_shards} == {(rows, DIM)}, name
+            assert len({s.device for s in array.addressable_shards}) == 8
+    for name, table in runs[1][4].items():
+        np.testing.assert_allclose(est.get_variable_value(name), table, rtol=1e-5, atol=1e-6, err_msg=name)
     np.testing.assert_allclose(est.evaluate(train_input(UNEVEN))["loss"], runs[1][2]["loss"], rtol=1e-5)
+    predicted = np.concatenate([p["y"] for p in est.predict(predict_input(UNEVEN))])
+    np.testing.assert_allclose(predicted, runs[1][3], rtol=1e-5, atol=1e-6)
 
 
 def test_a_checkpoint_of_the_previous_layout_restores(runs, tmp_path):

@@ -8,7 +8,8 @@ them (`features[name]`). Training differentiates the loss with respect to
 those activations too and applies the embedding optimizer to the rows looked
 up (`update`, embedding/replica.py); evaluation and prediction only look up.
 Each program runs once per replica under `shard_map` manual over "data",
-where the tables are the replica's block of rows (`replica_specs`).
+where the tables are the replica's block of rows (`replica_specs`), split over its
+cores with `num_cores_per_replica > 1` (embedding/replica.py).
 
 The state is an `EmbeddingState` in `TrainState.extras["embedding"]`
 (tables, optimizer slots, the saved row `layout`). A checkpoint written on
@@ -57,8 +58,9 @@ NAME = "embedding"  # the key in TrainState.extras, and the prefix of the variab
 @dataclasses.dataclass(frozen=True)
 class EmbeddingTables:
     """An `EmbeddingConfigSpec` on a topology: the per-replica collectives and the placement
-    of the tables over "data", by each table's plan (embedding/plan.py: rows, each replica's
-    devices holding 1/R of the table; columns; or replicated)."""
+    of the tables over every device ("data", and "model" with replicas of several cores), by
+    each table's plan (embedding/plan.py: rows, each of N devices holding 1/N of the table;
+    columns; or replicated)."""
 
     spec: EmbeddingConfigSpec
     collectives: Collectives
@@ -91,10 +93,10 @@ class EmbeddingTables:
         return self.tables.build(key, with_slots=state.opt_state is not None)
 
     def specs(self, extra: EmbeddingState, state_specs_: Any) -> EmbeddingState:
-        return state_specs(extra, self.tables.stored_plans)  # over "data" by plan (the mesh's and the per-replica programs')
+        return state_specs(extra, self.tables.stored_plans, self.tables.axes)  # over every device, by plan
 
     def replica_specs(self, extra: EmbeddingState) -> EmbeddingState:
-        return state_specs(extra, self.tables.stored_plans)
+        return state_specs(extra, self.tables.stored_plans)  # manual over "data" (split over "model" inside)
 
     def after_step(self, extra: EmbeddingState, state: Any) -> EmbeddingState:
         return extra  # updated in `update`

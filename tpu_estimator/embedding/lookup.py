@@ -4,11 +4,13 @@ Each of N devices holds `rows_per_shard` rows of every table and, in the
 per-replica step, `b` examples of the global batch B = N*b. Two schemes:
 
 Which one a table uses (`Collectives.routing`): "auto" (the default) routes a
-table when every device is both one replica and one shard (table axes ==
-(batch axis,)) and routing is estimated to move fewer bytes per device than
-the all-gather (`bytes_per_device`: routing's bytes are flat in N, the
-all-gather's grow with N, so small meshes and wide tables with few ids keep
-the all-gather); "owners" routes every table it can, "all_gather" none.
+table when every device both takes its own slice of the batch and holds one
+shard (table axes == batch axes: ("data",), or ("data", "model") in replicas of
+several cores, embedding/replica.py) and routing is estimated to move fewer
+bytes per device than the all-gather (`bytes_per_device`: routing's bytes are
+flat in N, the all-gather's grow with N, so small meshes and wide tables with
+few ids keep the all-gather); "owners" routes every table it can, "all_gather"
+none.
 
 routed to owners
   forward, per group of routed tables of one dimension (embedding/fused.py: one
@@ -85,14 +87,17 @@ class Collectives:
     """The manual mesh axes of the surrounding `shard_map`.
 
     Attributes:
-      batch_axis: the axis splitting the global batch into replicas (None: one replica).
+      batch_axis: the axis (or axes, jointly) splitting the global batch among the devices
+        (None: one replica). In a replica of several cores (embedding/replica.py) every
+        device of the mesh takes its own slice of the examples: ("data", "model").
       table_axes: the axes table rows are sharded over, in the order of their
         PartitionSpec (empty: the whole table on this device).
       num_shards: the product of the table axes' sizes.
-      num_replicas: the size of the batch axis.
+      num_replicas: the replicas (the size of "data"): a replica's activation gradients
+        are scaled by 1/num_replicas (embedding/replica.py).
       routing: "auto": per table, whichever of the two schemes moves fewer bytes
         per device (`bytes_per_device`); "owners": ids sent to the devices owning
-        their rows (all-to-all; where table_axes == (batch_axis,)); "all_gather":
+        their rows (all-to-all; where the table axes are the batch axes); "all_gather":
         every device sees the global batch's ids.
       capacity_factor: C = ceil(capacity_factor * M / N) requests per owner and
         round (M: a device's id slots of a table); more rounds when exceeded.
@@ -101,7 +106,7 @@ class Collectives:
         own (the results are the same; for comparisons).
     """
 
-    batch_axis: str | None = None
+    batch_axis: str | tuple[str, ...] | None = None
     table_axes: tuple[str, ...] = ()
     num_shards: int = 1
     num_replicas: int = 1
@@ -128,12 +133,19 @@ class Collectives:
             )
 
     @property
+    def batch_axes(self) -> tuple[str, ...]:
+        """The axes the global batch is split over (`batch_axis` as a tuple)."""
+        if self.batch_axis is None:
+            return ()
+        return (self.batch_axis,) if isinstance(self.batch_axis, str) else tuple(self.batch_axis)
+
+    @property
     def routed(self) -> bool:
         """Whether ids may go to their owners (else the global batch is all-gathered)."""
         return (
             self.routing != "all_gather"
             and self.batch_axis is not None
-            and self.table_axes == (self.batch_axis,)
+            and self.table_axes == self.batch_axes
             and self.num_shards > 1
         )
 
@@ -144,7 +156,7 @@ class Collectives:
         """Sum of every device's partial for the global batch, this replica's rows of it."""
         if self.batch_axis is not None:
             x = lax.psum_scatter(x, self.batch_axis, scatter_dimension=0, tiled=True)
-        rest = tuple(a for a in self.table_axes if a != self.batch_axis)
+        rest = tuple(a for a in self.table_axes if a not in self.batch_axes)
         return lax.psum(x, rest) if rest else x
 
     def batch_of_columns(self, x: Any) -> Any:

@@ -61,18 +61,25 @@ class ShardedTables:
     Attributes:
       spec: the tables and features.
       mesh: the devices.
-      batch_axis: the mesh axis the global batch is split over (None: not split).
+      batch_axis: the mesh axis (or axes, jointly) the global batch is split over (None:
+        not split).
       table_axes: the mesh axes table rows are split over (default: all of them).
     """
 
     spec: EmbeddingConfigSpec
     mesh: Mesh
-    batch_axis: str | None = "data"
+    batch_axis: str | tuple[str, ...] | None = "data"
     table_axes: tuple[str, ...] | None = None
 
     @property
     def axes(self) -> tuple[str, ...]:
         return tuple(self.mesh.axis_names) if self.table_axes is None else tuple(self.table_axes)
+
+    @property
+    def batch_axes(self) -> tuple[str, ...]:
+        if self.batch_axis is None:
+            return ()
+        return (self.batch_axis,) if isinstance(self.batch_axis, str) else tuple(self.batch_axis)
 
     @property
     def num_shards(self) -> int:
@@ -81,7 +88,7 @@ class ShardedTables:
     @property
     def plans(self) -> dict[str, Plan]:
         """table name -> its plan (embedding/plan.py) on this placement."""
-        return check_plans(self.spec, self.num_shards, columns_ok=self.axes == (self.batch_axis,))
+        return check_plans(self.spec, self.num_shards, columns_ok=self.axes == self.batch_axes)
 
     @property
     def stacks(self) -> tuple[tablewise.Stack, ...]:
@@ -120,7 +127,7 @@ class ShardedTables:
     def collectives(self) -> Collectives:
         if self.mesh.size == 1:
             return Collectives()
-        replicas = self.mesh.shape[self.batch_axis] if self.batch_axis else 1
+        replicas = int(np.prod([self.mesh.shape[a] for a in self.batch_axes]))
         return Collectives(self.batch_axis, self.axes, self.num_shards, replicas)
 
     def row_sharding(self) -> NamedSharding:
