@@ -5,7 +5,9 @@ counts it by kind (`list`, `get` (object metadata), `download`, `upload`,
 `delete`, `copy`, `bucket`, `other`); `fail_every=n` answers every n-th request
 with a 503 instead of forwarding it (the clients' retries must get through);
 `gone = True` closes every connection without an answer from then on (a store that
-went away: the clients see the connection dropped). `go_away(when, how)` does either
+went away: the clients see the connection dropped); `delay_s` holds each request that
+long before it is answered (a slow but healthy store; a request held when `gone` is set
+is then dropped). `go_away(when, how)` does either
 ("503" or "gone") from the first request for which `when(kind, method, unquoted
 path?query)` is true (`went_at`: time.monotonic() then), e.g. at a restore's first
 data read; a one-request upload's path?query ends with `&name=` and the object's name.
@@ -59,6 +61,7 @@ class StoreProxy:
         self.fail_every = fail_every
         self.gone = False
         self.held = False
+        self.delay_s = 0.0
         self.arrived = 0  # every request that reached the proxy: forwarded, 503'd or dropped
         self.counts: collections.Counter[str] = collections.Counter()
         self.failed = 0
@@ -107,6 +110,8 @@ class StoreProxy:
                             proxy.held = True
                         else:
                             proxy._n, proxy.fail_every = 0, 1
+                if proxy.delay_s and not proxy.gone:
+                    time.sleep(proxy.delay_s)
                 if proxy.held:  # never answered, never forwarded (the client waits)
                     threading.Event().wait()
                 if proxy.gone:
