@@ -60,7 +60,6 @@ ENV = "TPU_ESTIMATOR_STORAGE_TIMEOUT_S"
 DEFAULT_S = 120.0
 _MAX_INTERVAL = 5.0
 _MIN_PROBE_TIMEOUT = 2.0  # a loaded 2-core machine's healthy answers took up to ~1.7 s
-_CLIENT_GAP = 18.0  # gcsfs's longest wait between two tries of a request: 16 s + jitter < 1 s
 _chosen: float | None = None
 _STORE = re.compile(r"^(?!file://)[A-Za-z][A-Za-z0-9+.-]*://")  # a URI other than file://
 
@@ -186,9 +185,8 @@ class _ClientDeadline:
 
     def _unanswered(self, request: Any) -> None:
         timeout = timeout_s()
-        gap = max(_gap(timeout), _CLIENT_GAP)
-        store_health.failed("gs", gap=gap)
-        since = store_health.failing_since("gs", gap=gap)
+        store_health.failed("gs", gap=_gap(timeout))
+        since = store_health.failing_since("gs")
         if since is not None and time.monotonic() - since >= client_deadline(timeout):
             raise StoreAwayError(
                 message(

@@ -17,13 +17,13 @@ import threading
 import time
 from typing import Any, Callable
 
-__all__ = ["store_of", "answered", "failed", "last_answer", "last_failure", "failing_since",
-           "away_since",
-           "NoAnswer", "Probe"]
+__all__ = ["CLIENT_GAP", "store_of", "answered", "failed", "last_answer", "last_failure",
+           "failing_since", "away_since", "NoAnswer", "Probe"]
 
+CLIENT_GAP = 18.0  # s: longer than any wait's gap (storage._gap: at most 16 s)
 _lock = threading.Lock()
-# store -> [last answer, first failure since (None: none), first failure of the current
-#           run of failures, last failure]
+# store -> [last answer, start of the failures' run for the clients (CLIENT_GAP), start
+#           of their run for the waits (their gap), last failure]; failures since the answer
 _seen: dict[str, list[float | None]] = {}
 _loop: asyncio.AbstractEventLoop | None = None
 _clients: dict[tuple[str, float, float], Any] = {}  # (bucket, timeout, gap) -> probe filesystem
@@ -47,13 +47,14 @@ def answered(store: str) -> None:
 
 def failed(store: str, *, gap: float) -> None:
     """A request to the store failed (no answer, or 429/5xx), seen now. A failure more than
-    `gap` seconds after the previous one starts a new run of failures (`away_since`)."""
+    `gap` seconds after the previous one starts a new run of failures (`away_since`); more
+    than CLIENT_GAP seconds after it, a new one for `failing_since` too."""
     now = time.monotonic()
     with _lock:
         seen = _record(store)
-        if seen[1] is None:
+        if seen[3] is None or now - seen[3] > CLIENT_GAP:
             seen[1] = now
-        if seen[2] is None or seen[3] is None or now - seen[3] > gap:
+        if seen[3] is None or now - seen[3] > gap:
             seen[2] = now
         seen[3] = now
 
@@ -70,12 +71,14 @@ def last_failure(store: str) -> float | None:
         return _seen.get(store, [None] * 4)[3]
 
 
-def failing_since(store: str, *, gap: float) -> float | None:
-    """When the first failure since the store's last answer was seen; None if there was
-    none, or if none was seen in the last `gap` seconds (a run of failures that stopped)."""
+def failing_since(store: str) -> float | None:
+    """When the store's current run of failures began, counting failures up to CLIENT_GAP
+    seconds apart (a client's retries of one request: gcsfs waits up to 16 s and 1 s of
+    jitter between them), none answered since; None if there is none, or if its last
+    failure is older than CLIENT_GAP."""
     with _lock:
         seen = _seen.get(store)
-        if seen is None or seen[1] is None or time.monotonic() - seen[3] > gap:
+        if seen is None or seen[1] is None or time.monotonic() - seen[3] > CLIENT_GAP:
             return None
         return seen[1]
 
