@@ -59,7 +59,7 @@ __all__ = ["ENV", "DEFAULT_S", "check_timeout", "set_timeout_s", "timeout_s", "p
 ENV = "TPU_ESTIMATOR_STORAGE_TIMEOUT_S"
 DEFAULT_S = 120.0
 _MAX_INTERVAL = 5.0
-_MIN_PROBE_TIMEOUT = 2.0  # a loaded 2-core machine's healthy answers took up to ~1.7 s
+_MIN_PROBE_TIMEOUT = 3.0  # s: healthy probes took <= 0.6 s here at load ~17; a false timeout would count
 _chosen: float | None = None
 _STORE = re.compile(r"^(?!file://)[A-Za-z][A-Za-z0-9+.-]*://")  # a URI other than file://
 
@@ -114,7 +114,7 @@ def probe_interval(timeout: float) -> float:
 
 
 def probe_timeout(timeout: float) -> float:
-    """How long one probe waits for its answer: two probe intervals, at least 2 s."""
+    """How long one probe waits for its answer: two probe intervals, at least 3 s."""
     return max(2 * probe_interval(timeout), _MIN_PROBE_TIMEOUT)
 
 

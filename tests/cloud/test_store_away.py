@@ -126,7 +126,7 @@ def slow_store(gcs_server, monkeypatch):
 
     proxy = StoreProxy(gcs_server)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
-    storage.set_timeout_s(2)  # a probe every 0.2 s, each given 2 s to answer
+    storage.set_timeout_s(2)  # a probe every 0.2 s, each given 3 s to answer
     try:
         yield proxy
     finally:
