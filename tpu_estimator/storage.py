@@ -8,17 +8,31 @@ store (a checkpoint save, the wait for a background save, closing the manager, a
 summary flush, the writable check; the reads: listing and checking checkpoints,
 restores, variable reads, the eval-results log; the writes of an export) waits
 through `wait_for`/`bounded`: while it waits longer than a probe interval, it asks the
-store for its bucket (one small request) every interval; once the store has not
-answered for `timeout_s()` seconds in a row it raises `CheckpointStorageError`
-naming the path. A store that answers (a slow but healthy save, transient errors the
-clients retry) never trips it. Local paths are not probed.
+store for its bucket every interval (store_health.Probe: one request, one try, given
+`probe_timeout` to answer, on the probes' own event loop); once the store has answered
+nothing for `timeout_s()` seconds it raises `CheckpointStorageError` naming the path.
+
+The deadline counts from evidence that the store is away, never from a request that was
+merely slow: from the first failure (a dropped or refused connection, a 429/5xx, a probe
+unanswered after `probe_timeout`) seen since the store's last answer, timed when it is
+seen, in a run of failures no more than `_gap` apart, with one seen by this wait. Any
+answer to any gcsfs request or probe (the uploads' included) ends it. So the error comes
+no sooner than `timeout_s()` after the store went away (sooner only by what a failure
+seen just before it counts: a false one, e.g. a healthy store's probe unanswered for
+`probe_timeout` on an overloaded machine, less than an interval before the fault), and
+at most about `timeout_s()` plus two intervals after its first failure is seen: at once
+for dropped connections and 5xx, a `probe_timeout` after the fault for a store that
+holds requests unanswered. A store that answers (slowly, within `probe_timeout`, or with
+transient errors the clients retry), or is away for less than the deadline, never trips
+it. Local paths are not probed.
 
 The clients' own calls are bounded by the same deadline, so that none of them holds
 the process long after that error (Orbax waits for some on executor threads that
 Python joins at exit): TensorStore's retries come from `client_retries(timeout_s())`
 (checkpoint/client_retries.py passes them to Orbax), and gcsfs requests that fail once
-the store has answered none for `timeout_s()` raise `StoreAwayError`, which gcsfs does
-not retry (`bound_clients`: an aiohttp middleware added through fsspec's config).
+the store has answered none for `client_deadline(timeout_s())` (counted the same way)
+raise `StoreAwayError`, which gcsfs does not retry (`bound_clients`: an aiohttp
+middleware added through fsspec's config; it also records every answer and failure).
 
 The setting, in order: `RunConfig(storage_timeout_s=...)` (the newest estimator
 built with one sets it for the process: the clients are per process), the
@@ -34,20 +48,19 @@ import threading
 import time
 from typing import Any, Callable
 
+from tpu_estimator import store_health
 from tpu_estimator.api.checks import message
 from tpu_estimator.errors import CheckpointStorageError
 
 __all__ = ["ENV", "DEFAULT_S", "check_timeout", "set_timeout_s", "timeout_s", "probe_interval",
-           "client_deadline", "client_retries", "wait_for", "bounded", "bound_clients",
-           "StoreAwayError"]
+           "probe_timeout", "client_deadline", "client_retries", "wait_for", "bounded",
+           "bound_clients", "StoreAwayError"]
 
 ENV = "TPU_ESTIMATOR_STORAGE_TIMEOUT_S"
 DEFAULT_S = 120.0
 _MAX_INTERVAL = 5.0
-_MIN_UNANSWERED_S = 1.0  # a probe running this long (or an interval, if longer) is unanswered
+_MIN_PROBE_TIMEOUT = 3.0  # s: healthy probes took <= 0.6 s here at load ~17; a false timeout would count
 _chosen: float | None = None
-# store root (scheme://bucket) -> [since when it has not answered, when that was last seen]
-_away: dict[str, list[float]] = {}
 _STORE = re.compile(r"^(?!file://)[A-Za-z][A-Za-z0-9+.-]*://")  # a URI other than file://
 
 
@@ -100,6 +113,18 @@ def probe_interval(timeout: float) -> float:
     return min(max(timeout / 10, 0.2), _MAX_INTERVAL)
 
 
+def probe_timeout(timeout: float) -> float:
+    """How long one probe waits for its answer: two probe intervals, at least 3 s."""
+    return max(2 * probe_interval(timeout), _MIN_PROBE_TIMEOUT)
+
+
+def _gap(timeout: float) -> float:
+    """The longest a wait goes between two failures of a store that stays away (a probe
+    interval and a probe's timeout), and 1 s of slack: failures further apart than this
+    are separate outages (store_health.away_since)."""
+    return probe_interval(timeout) + probe_timeout(timeout) + 1.0
+
+
 def client_deadline(timeout: float) -> float:
     """How long the clients themselves keep retrying a store that answers nothing: the
     deadline plus two probe intervals and 1 s, so that the waits (which raise within
@@ -126,94 +151,43 @@ def client_retries(timeout: float) -> dict[str, Any]:
     return {"max_retries": retries, "initial_delay": f"{initial:g}s", "max_delay": f"{longest:g}s"}
 
 
-def _root(uri: str) -> str:
-    scheme, _, rest = str(uri).partition("://")
-    return f"{scheme}://{rest.split('/')[0]}"
-
-
-class _Probe:
-    """Asks the store for `uri`'s bucket on a daemon thread, one request at a time."""
-
-    def __init__(self, uri: str) -> None:
-        self.uri = uri
-        self.root = _root(uri)
-        self.started: float | None = None  # when the running probe was sent
-        self.answered: bool | None = None  # the last finished probe's outcome
-        self.error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        self._client: tuple[Any, str] | None = None  # (filesystem, bucket)
-        try:  # made here, in the waiting thread: making the client (its imports, credentials:
-            # seconds on a loaded machine) is not time the store stayed silent
-            self._client = self._make_client()
-        except Exception:  # noqa: BLE001 - tried again, and reported, by the probe
-            pass
-
-    def _make_client(self) -> tuple[Any, str]:
-        import fsspec
-
-        fs, path = fsspec.core.url_to_fs(self.uri)
-        return fs, path.split("/")[0]
-
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> None:
-        self.started = time.monotonic()
-        self._thread = threading.Thread(target=self._ask, name=f"store-probe:{self.uri}", daemon=True)
-        self._thread.start()
-
-    def _ask(self) -> None:
-        try:
-            if self._client is None:
-                self._client = self._make_client()
-            fs, bucket = self._client
-            fs.invalidate_cache(bucket)  # asked of the store, never answered from a cache
-            fs.info(bucket)  # one small request
-            self.answered, self.error = True, None
-        except FileNotFoundError:
-            self.answered, self.error = True, None  # the store answered
-        except Exception as e:  # noqa: BLE001 - any failure is "no answer"
-            self.answered, self.error = False, e
-
-
 class StoreAwayError(RuntimeError):
     """A request failed after the store answered none for `storage_timeout_s` (raised
     inside gcsfs, which retries OSErrors and aiohttp's errors but not this)."""
 
 
 class _ClientDeadline:
-    """An aiohttp client middleware for gcsfs: a request that fails (no answer, or 429/5xx)
-    once the store has answered none for `client_deadline(timeout_s())` in a row raises
-    StoreAwayError, which gcsfs does not retry.
+    """An aiohttp client middleware for gcsfs: records each answer or failure (429/5xx, no
+    answer) of the store (store_health), and a request that fails once the store has
+    answered none for `client_deadline(timeout_s())` raises StoreAwayError, which gcsfs
+    does not retry.
 
     gcsfs retries each call 6 times over ~31-36 s (fixed in its code); Orbax waits for
     some of these calls (existence checks, metadata writes) on asyncio executor workers,
     which Python joins at exit. This ends them at their next try once the deadline has
     passed. Every try is still sent: a store that is back answers it (and resets this).
+    The deadline counts from the first failure seen since the last answer (of any client
+    or probe), not from when that request was sent.
     """
 
-    def __init__(self) -> None:
-        self.failing_since: float | None = None  # when the first unanswered request was sent
-
     async def __call__(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        sent = time.monotonic()
         try:
             response = await handler(request)
-        except Exception as e:
-            self._unanswered(sent, request)
+        except Exception:
+            self._unanswered(request)
             raise
         if response.status == 429 or response.status >= 500:
             response.release()
-            self._unanswered(sent, request)
+            self._unanswered(request)
         else:
-            self.failing_since = None
+            store_health.answered("gs")
         return response
 
-    def _unanswered(self, sent: float, request: Any) -> None:
-        if self.failing_since is None or sent < self.failing_since:
-            self.failing_since = sent
+    def _unanswered(self, request: Any) -> None:
         timeout = timeout_s()
-        if time.monotonic() - self.failing_since >= client_deadline(timeout):
+        store_health.failed("gs", gap=_gap(timeout))
+        since = store_health.failing_since("gs")
+        if since is not None and time.monotonic() - since >= client_deadline(timeout):
             raise StoreAwayError(
                 message(
                     f"The object store did not answer for {timeout:g} s (storage_timeout_s).",
@@ -258,39 +232,24 @@ def wait_for(done: threading.Event, *, uri: str, what: str,
     bound_clients()
     timeout = timeout_s()
     interval = probe_interval(timeout)
-    probe = _Probe(uri)
-    # Shared by the waits of this process: a store found away by an earlier wait (that
-    # recently) is probed at once, and the deadline counts from when it stopped answering.
-    seen = _away.get(probe.root)
-    if seen is not None and time.monotonic() - seen[1] > timeout:
-        _away.pop(probe.root, None)  # stale: not seen away for a whole deadline
-    known_away = probe.root in _away
-    unanswered = False  # a probe of this wait failed or went unanswered for an interval
-
-    def away(since: float, now: float) -> None:
-        _away.setdefault(probe.root, [since, now])[1] = now
-
-    while not done.wait(0 if known_away and probe.started is None else interval):
+    gap = _gap(timeout)
+    probe = store_health.Probe(uri, timeout=probe_timeout(timeout), gap=gap)
+    # A store seen away lately (by an earlier wait, or a client) is probed at once.
+    pause = 0 if store_health.away_since(probe.store, gap=gap) is not None else interval
+    first_sent: float | None = None
+    while not done.wait(pause):
+        pause = interval
         if alive is not None and not alive():
             return
         now = time.monotonic()
-        if probe.running():
-            # unanswered for an interval (at least 1 s: a loaded machine's answer may take
-            # longer than a short deadline's tenth): away since sent
-            if now - probe.started >= max(interval, _MIN_UNANSWERED_S):
-                away(probe.started, now)
-                unanswered = True
-        else:
-            if probe.started is not None:
-                if probe.answered:
-                    _away.pop(probe.root, None)
-                    unanswered = False
-                else:
-                    away(probe.started, now)
-                    unanswered = True
+        probe.check(now)
+        if not probe.running():
             probe.start()
-        since = _away.get(probe.root, [None])[0]
-        if unanswered and since is not None and now - since >= timeout:
+            first_sent = first_sent or probe.started
+        since = store_health.away_since(probe.store, gap=gap)
+        last = store_health.last_failure(probe.store)
+        # away for the deadline, and seen failing by this wait (not only before it)
+        if since is not None and now - since >= timeout and last is not None and last >= first_sent:
             cause = f"; last error: {type(probe.error).__name__}: {probe.error}" if probe.error else ""
             raise CheckpointStorageError(
                 message(

@@ -10,7 +10,8 @@ get_variable_value and evaluate on a new estimator, and prints one JSON line:
     listener waits for each background save to end, so that its requests are
     counted for the save and not for the next steps);
   * `saves`: the requests of each save (from before_save to the end of the
-    background save), by kind, and those naming the digests file;
+    background save), by kind, those naming the digests file, those naming a file of
+    the step (`in_step`, by kind) and the number of files the step has (`files`);
   * `train_call`, `latest_checkpoint`, `get_variable_value`, `evaluate`: each
     call's requests by kind; `failed`: the 503s injected.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import urllib.parse
 from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -58,6 +60,9 @@ def measure(proxy: StoreProxy, model_dir: str, *, steps: int = 12, every: int = 
             marks["saves"].append({
                 "step": global_step_value, "total": len(log), "kinds": _kinds(log),
                 "digests": [f"{k} {m}" for k, m, p in log if DIGESTS in p],
+                "in_step": _kinds([e for e in log if f"/{global_step_value}/" in urllib.parse.unquote(e[2])]),
+                "others": sorted({f"{k} {urllib.parse.unquote(p)[:120]}" for k, _, p in log
+                                  if f"/{global_step_value}/" not in urllib.parse.unquote(p)}),
                 "listings": sum(1 for k, _, p in log if k == "list" and "delimiter=&" in p),
             })
 
@@ -69,6 +74,10 @@ def measure(proxy: StoreProxy, model_dir: str, *, steps: int = 12, every: int = 
     start = len(proxy.log)
     est.train(cm.train_input_fn, max_steps=steps, hooks=[Steps()], saving_listeners=[Saves()])
     marks["train_call"] = _kinds(proxy.log[start:])
+    from tpu_estimator.checkpoint.listing import list_files
+
+    for save in marks["saves"]:
+        save["files"] = len(list_files(f"{model_dir}/{save['step']}"))
     fresh = te.TPUEstimator(cm.model_fn, config=cfg, train_batch_size=16, eval_batch_size=16)
     for name, fn in [
         ("latest_checkpoint", fresh.latest_checkpoint),

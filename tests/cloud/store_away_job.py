@@ -8,6 +8,10 @@
     answered 503 (the store is up but refuses everything): the save itself meets it;
   * "gone": after checkpoint 4's save started (after_save), the proxy drops every
     connection unanswered (the store is gone): the background save and the wait meet it;
+  * "marker": from the upload of checkpoint 4's `commit_success.txt` on (its data and
+    metadata uploaded, the marker not), every request is answered 503: a save cut
+    just before its commit (`step_4_files`: the files of `<model_dir>/4` once the store
+    is back; `latest_after`: 0, or 4 if the upload thread's retry of the marker landed);
   * "exit" (last, if at all): as "gone", but the store stays away after train() raised,
     and the process then ends by itself (`raised_at`: time.time() at the raise, for the
     caller to measure how long the exit took: nothing may wait on the store much longer).
@@ -46,6 +50,10 @@ def run(case: str, proxy: StoreProxy, model_dir: str, timeout_s: float | None) -
             if case == "503" and global_step_value == 4:
                 went["at"], went["arrived"] = time.monotonic(), proxy.arrived
                 proxy.fail_every = 1  # every request from now on: 503
+            if case == "marker" and global_step_value == 4:
+                went["arrived"] = proxy.arrived
+                marker = f"{model_dir.split('/', 3)[3]}/4/commit_success.txt"
+                proxy.go_away(lambda kind, method, path: kind == "upload" and path.endswith(marker), "503")
 
         def after_save(self, session, global_step_value):
             if case in ("gone", "exit") and global_step_value == 4:
@@ -62,9 +70,11 @@ def run(case: str, proxy: StoreProxy, model_dir: str, timeout_s: float | None) -
         est.train(cm.train_input_fn, max_steps=12, saving_listeners=[GoAway()])
     except Exception as e:  # noqa: BLE001 - reported
         first = e.__context__ if isinstance(e.__context__, te.CheckpointStorageError) else None
+        if case == "marker" and proxy.went_at is not None:
+            went["at"] = proxy.went_at
         out = {"error": type(e).__name__, "message": str(e),
                "while_handling": str(first) if first is not None else None,
-               "seconds": round(time.monotonic() - went["at"], 2) if went else None,
+               "seconds": round(time.monotonic() - went["at"], 2) if "at" in went else None,
                "requests": proxy.arrived - went["arrived"] if went else None,
                "raised_at": time.time()}
     else:
@@ -72,7 +82,11 @@ def run(case: str, proxy: StoreProxy, model_dir: str, timeout_s: float | None) -
     if case == "exit":
         return out  # the store stays away: the process must still end by itself
     # The store comes back: which checkpoint does a new estimator find?
-    proxy.fail_every, proxy.gone = 0, False
+    proxy.back()
+    if case == "marker":
+        from tpu_estimator.checkpoint import listing
+
+        out["step_4_files"] = sorted(listing.list_files(f"{model_dir}/4"))
     fresh = te.TPUEstimator(cm.model_fn, config=cfg, train_batch_size=16, eval_batch_size=16)
     latest = fresh.latest_checkpoint()
     out["latest_after"] = None if latest is None else int(latest.rsplit("/", 1)[-1])

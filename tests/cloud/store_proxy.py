@@ -5,10 +5,12 @@ counts it by kind (`list`, `get` (object metadata), `download`, `upload`,
 `delete`, `copy`, `bucket`, `other`); `fail_every=n` answers every n-th request
 with a 503 instead of forwarding it (the clients' retries must get through);
 `gone = True` closes every connection without an answer from then on (a store that
-went away: the clients see the connection dropped). `go_away(when, how)` does either
+went away: the clients see the connection dropped); `delay_s` holds each request that
+long before it is answered (a slow but healthy store; a request held when `gone` is set
+is then dropped). `go_away(when, how)` does either
 ("503" or "gone") from the first request for which `when(kind, method, unquoted
 path?query)` is true (`went_at`: time.monotonic() then), e.g. at a restore's first
-data read.
+data read; a one-request upload's path?query ends with `&name=` and the object's name.
 Point the clients at `proxy.url` (STORAGE_EMULATOR_HOST, TENSORSTORE_GCS_HTTP_URL)
 before they start: a subprocess's environment is the simple way.
 """
@@ -58,6 +60,8 @@ class StoreProxy:
         self.upstream = urllib.parse.urlsplit(upstream)
         self.fail_every = fail_every
         self.gone = False
+        self.held = False
+        self.delay_s = 0.0
         self.arrived = 0  # every request that reached the proxy: forwarded, 503'd or dropped
         self.counts: collections.Counter[str] = collections.Counter()
         self.failed = 0
@@ -89,21 +93,31 @@ class StoreProxy:
                 return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
             def _forward(self) -> None:
+                body = self._body()
+                path = self.path
+                if "uploadType=multipart" in path:  # the object's name is in the body
+                    named = re.search(rb'"name":\s*"([^"]+)"', body)
+                    path += f"&name={named.group(1).decode()}" if named else ""
                 with proxy._lock:
                     proxy.arrived += 1
                     when = proxy._when
                     if when is not None and when(kind(self.command, self.path), self.command,
-                                                 urllib.parse.unquote(self.path)):
+                                                 urllib.parse.unquote(path)):
                         proxy._when, proxy.went_at = None, time.monotonic()
                         if proxy._how == "gone":
                             proxy.gone = True
+                        elif proxy._how == "hold":
+                            proxy.held = True
                         else:
                             proxy._n, proxy.fail_every = 0, 1
+                if proxy.delay_s and not proxy.gone:
+                    time.sleep(proxy.delay_s)
+                if proxy.held:  # never answered, never forwarded (the client waits)
+                    threading.Event().wait()
                 if proxy.gone:
                     self.close_connection = True
                     self.connection.close()
                     return
-                body = self._body()
                 with proxy._lock:
                     proxy._n += 1
                     fail = proxy.fail_every and proxy._n % proxy.fail_every == 0
@@ -112,10 +126,6 @@ class StoreProxy:
                     else:
                         k = kind(self.command, self.path)
                         proxy.counts[k] += 1
-                        path = self.path
-                        if "uploadType=multipart" in path:  # the object's name is in the body
-                            named = re.search(rb'"name":\s*"([^"]+)"', body)
-                            path += f"&name={named.group(1).decode()}" if named else ""
                         proxy.log.append((k, self.command, path))
                 if fail:
                     payload = b'{"error": {"code": 503, "message": "injected by StoreProxy"}}'
@@ -163,10 +173,11 @@ class StoreProxy:
         self._thread.start()
 
     def go_away(self, when: Callable[[str, str, str], bool], how: str) -> None:
-        """From the first request matching `when` on: 503 to everything (`how="503"`) or every
-        connection dropped (`how="gone"`)."""
-        if how not in ("503", "gone"):
-            raise ValueError(f"how must be '503' or 'gone'; received how={how!r}")
+        """From the first request matching `when` on: 503 to everything (`how="503"`), every
+        connection dropped (`how="gone"`) or every request held unanswered (`how="hold"`:
+        for a process to be killed mid-request)."""
+        if how not in ("503", "gone", "hold"):
+            raise ValueError(f"how must be '503', 'gone' or 'hold'; received how={how!r}")
         with self._lock:
             self._when, self._how, self.went_at = when, how, None
 

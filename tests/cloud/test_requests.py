@@ -14,10 +14,13 @@ import sys
 import pytest
 
 JOB = os.path.join(os.path.dirname(__file__), "request_job.py")
-# docs/cluster.md: a save of the small model sends ~111 requests, ~108 of them Orbax's own
-# (its files, commit markers and existence checks); ours are 3 (one listing of the
-# step, one read of _CHECKPOINT_METADATA, one upload of the digests).
-SAVE_BOUND = 125
+# docs/cluster.md: a save of the small model on gs:// is staged (checkpoint/staging.py):
+# one upload per file of the step, nothing else on the step: 11 files whatever the model
+# and its OCDBT data files (5-9 in the benchmark runs, more once in a loaded test run:
+# their number varies with TensorStore's write batching); besides, the window of a save
+# holds at most a deadline probe or two.
+SAVE_BOUND = 30
+OTHERS_BOUND = 3
 EVALUATE_BOUND = 200
 
 
@@ -43,9 +46,11 @@ def test_a_save_sends_a_bounded_set_and_the_digests_in_one_upload(counted):
     assert [s["step"] for s in counted["saves"]] == [0, 4, 8, 12]
     for save in counted["saves"]:
         assert save["total"] <= SAVE_BOUND, save
-        # the digests: one upload, computed from one listing of the step, nothing read back
+        assert save["total"] - save["in_step"]["total"] <= OTHERS_BOUND, save
+        # the digests: one upload, computed from the local copy, nothing read back
         assert save["digests"] == ["upload POST"], save
-        assert save["listings"] <= 3, save  # ours (the step) and Orbax's two (its ocdbt/array metadata)
+        # each file of the step uploaded once, no existence check, listing, read or delete
+        assert save["in_step"] == {"total": save["files"], "upload": save["files"]}, save
     assert counted["latest_checkpoint_result"].endswith("/12")
 
 

@@ -3,8 +3,12 @@
 A checkpoint is the directory `model_dir/<step>/` holding `state` (params,
 other collections, optimizer state, step, RNG key) and, when the input
 pipeline is checkpointable, `input` (its position, as JSON), and
-`tpu_estimator_digests.json` (every file's sha256, written before Orbax
-commits the step; see checkpoint/integrity.py).
+`tpu_estimator_digests.json` (every file's size and CRC-32C, written before
+the step is committed; see checkpoint/integrity.py).
+
+On gs:// with one process a save is staged (checkpoint/staging.py: Orbax writes
+it on local disk, then its files are uploaded, the commit marker last) and
+Orbax's manager only lists and restores; elsewhere the manager saves.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import logging
 import os
 import uuid
 from typing import Any
@@ -22,6 +27,7 @@ from etils import epath
 from tpu_estimator.api.checks import message
 from tpu_estimator.errors import CheckpointStorageError
 from tpu_estimator.checkpoint import client_retries, integrity
+from tpu_estimator.checkpoint.staging import StagedWriter, stages
 from tpu_estimator.checkpoint.numpy_read import restore_state_numpy, state_metadata, this_process_alone
 from tpu_estimator.checkpoint.row_reads import CHUNK_BYTES, chunked_save_args
 from tpu_estimator.paths import as_uri, join
@@ -81,9 +87,10 @@ def split_checkpoint_path(path: str | os.PathLike[str]) -> tuple[str, int]:
 
 
 class Checkpointer:
-    """Orbax `CheckpointManager` for one directory, saving asynchronously; an array's saved
-    chunks are at most `chunk_bytes` (a restore reading chosen rows decodes one at a time,
-    whatever device count saved it: checkpoint/row_reads.py)."""
+    """Orbax `CheckpointManager` for one directory, saving asynchronously (staged on gs://:
+    checkpoint/staging.py); an array's saved chunks are at most `chunk_bytes` (a restore
+    reading chosen rows decodes one at a time, whatever device count saved it:
+    checkpoint/row_reads.py)."""
 
     def __init__(
         self,
@@ -108,13 +115,17 @@ class Checkpointer:
         import orbax.checkpoint as ocp
 
         client_retries.install()  # TensorStore's retries within storage_timeout_s
+        staged = stages(self.directory, read_only=read_only)
+        if staged:  # the manager only lists and restores: opened as readers open it
+            read_only = True
         # Orbax lists the steps (and creates the directory) here: bounded like every read.
-        self._manager = self._bounded(lambda: ocp.CheckpointManager(
+        # (Its warning that the directory is read-only is dropped for a staged model_dir.)
+        self._manager = self._bounded(lambda: _quiet_read_only(staged, lambda: ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
                 multiprocessing_options=this_process_alone() if read_only else ocp.options.MultiprocessingOptions(),
                 max_to_keep=max_to_keep or None,
-                keep_time_interval=keep_time,
+                keep_time_interval=None if read_only else keep_time,  # (Orbax warns)
                 create=not read_only,
                 read_only=read_only,
                 # Reading: no step's metadata is read when the steps are listed (a request or
@@ -129,7 +140,11 @@ class Checkpointer:
                     create_directories_asynchronously=False,
                 ),
             ),
-        ), "opening the checkpoints of model_dir")
+        )), "opening the checkpoints of model_dir")
+        self._staged = StagedWriter(
+            self.directory, steps=self._manager.all_steps(), max_to_keep=max_to_keep or None,
+            keep_time=keep_time,
+        ) if staged else None
 
     def latest_step(self) -> int | None:
         self._reload()
@@ -139,6 +154,8 @@ class Checkpointer:
         """The saved steps; `reload=False` trusts the last directory scan (plus own saves)."""
         if reload:
             self._reload()
+        elif self._staged is not None:  # the manager does not see staged saves until reloaded
+            return self._staged.steps
         return list(self._manager.all_steps())
 
     def _reload(self) -> None:
@@ -156,16 +173,25 @@ class Checkpointer:
         import orbax.checkpoint as ocp
 
         self.wait()  # (Orbax waits too): the previous save's failure is raised as ours
-        if step in self._manager.all_steps():
+        if step in self.all_steps(reload=False):
             if not integrity.move_aside_if_damaged(
                 self.directory, step, self.all_steps(reload=False), rename=jax.process_index() == 0
             ):
                 return False
             self._reload()
+            if self._staged is not None:
+                self._staged.forget(step)
         save_args = chunked_save_args(state, chunk_bytes=self._chunk_bytes)
         items = {"state": ocp.args.StandardSave(state, save_args=save_args)}
         if input_state is not None:
             items["input"] = ocp.args.JsonSave(input_state)
+        if self._staged is not None:
+            staged = self._staged
+            self._bounded(lambda: staged.save(step, ocp.args.Composite(**items),
+                                              input_saved=input_state is not None),
+                          f"saving checkpoint {step}")
+            self._saving = step
+            return True
         primary = jax.process_index() == 0  # where Orbax runs the post-finalization callback
         if primary:
             self._uncommitted.append((step, input_state is not None))
@@ -244,8 +270,9 @@ class Checkpointer:
         Raises:
           CheckpointStorageError: a background save failed (the storage refused it).
         """
+        wait = self._manager.wait_until_finished if self._staged is None else self._staged.wait
         try:
-            self._bounded(self._manager.wait_until_finished, f"waiting for checkpoint {self._saving}")
+            self._bounded(wait, f"waiting for checkpoint {self._saving}")
         except CheckpointStorageError:
             raise
         except Exception as e:
@@ -265,8 +292,17 @@ class Checkpointer:
         """
         if self._store_away:
             return
+        staged = self._staged
+
+        def close() -> None:
+            try:
+                if staged is not None:
+                    staged.close()
+            finally:
+                self._manager.close()
+
         try:
-            self._bounded(self._manager.close, "closing the checkpoint manager")
+            self._bounded(close, "closing the checkpoint manager")
         except CheckpointStorageError:
             raise
         except Exception as e:
@@ -290,6 +326,22 @@ class Checkpointer:
                 STORAGE_FIX,
             )
         )
+
+
+def _quiet_read_only(quiet: bool, make: Any) -> Any:
+    """`make()`, without Orbax's "Given directory is read only" warning when `quiet`."""
+    if not quiet:
+        return make()
+    logger = logging.getLogger("absl")
+
+    def drop(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Given directory is read only")
+
+    logger.addFilter(drop)
+    try:
+        return make()
+    finally:
+        logger.removeFilter(drop)
 
 
 @dataclasses.dataclass(frozen=True)

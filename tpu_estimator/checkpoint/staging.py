@@ -1,0 +1,209 @@
+"""Staged saves on gs://: Orbax writes the step on local disk, then its files are uploaded.
+
+Orbax's `CheckpointManager` writing to gs:// directly sends ~110 requests per save
+of a small model, most of them existence checks and resumable uploads of its small
+metadata files (docs/cluster.md, "Object-store traffic"); no public option removes
+them. A staged save sends only the step's files:
+
+1. in the caller's thread, Orbax's `AsyncCheckpointer` (the same handlers and
+   layout as the manager's saves) starts writing `<staging>/<step>` on local disk
+   (the device-to-host copy, as before; no request);
+2. on one background thread: once Orbax has finished it locally, the digests are
+   recorded (checkpoint/integrity.py, from the local files), every file except
+   the step's `commit_success.txt` is uploaded to `<model_dir>/<step>/` in one
+   request each (files of 5 MiB or more: 1 + one per 50 MiB part; gcsfs, in
+   parallel), then `commit_success.txt`: the marker by which Orbax's readers take
+   a step on gs:// as complete, so an interrupted save leaves no step a reader
+   uses; the local copy is removed; steps that `keep_checkpoint_max` /
+   `keep_checkpoint_every_n_hours` no longer keep are deleted, marker first
+   (checkpoint/retention.py).
+
+Only on gs:// (where Orbax's readers go by that marker) and with one process: the
+OCDBT trees of several processes are merged by the primary from the shared step
+directory, which local staging would split (those saves keep the manager's path).
+The local disk (`TMPDIR`) needs room for this host's part of one checkpoint.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from typing import Any, Iterable
+
+import jax
+
+from tpu_estimator.api.checks import message
+from tpu_estimator.checkpoint import integrity, listing, retention
+from tpu_estimator.errors import CheckpointStorageError
+from tpu_estimator.paths import process_running
+
+COMMIT_MARKER = "commit_success.txt"  # Orbax's: CommitFileTemporaryPath, gs:// steps
+_PREFIX = "tpu_estimator_staging_"
+
+
+def stages(directory: str, *, read_only: bool) -> bool:
+    """Whether saves to `directory` are staged: a writable gs:// directory, one process."""
+    return not read_only and str(directory).startswith("gs://") and jax.process_count() == 1
+
+
+class StagedWriter:
+    """Saves steps of one gs:// `directory` through local disk, one save in flight.
+
+    Args:
+      directory: The model_dir (gs://).
+      steps: Its steps now (as Orbax lists them), for the retention rules.
+      max_to_keep: Keep the newest this many steps (None: every step).
+      keep_time: Also keep one step per this interval (Orbax's `EveryNSeconds`).
+    """
+
+    def __init__(
+        self, directory: str, *, steps: Iterable[int], max_to_keep: int | None,
+        keep_time: datetime.timedelta | None,
+    ) -> None:
+        import orbax.checkpoint as ocp  # (imported here: see checkpoint/manager.py)
+
+        self.directory = directory.rstrip("/")
+        self._max_to_keep = max_to_keep
+        self._keep_time = keep_time
+        self._saved: dict[int, float | None] = {s: None for s in steps}  # step -> commit time
+        self._lock = threading.Lock()  # _saved: changed on the upload thread
+        _remove_stale_roots()
+        try:
+            self._root = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}_")
+        except OSError as e:
+            raise _local_error(os.path.join(tempfile.gettempdir(), f"{_PREFIX}..."), e) from e
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self._root, True)
+        self._checkpointer = ocp.AsyncCheckpointer(ocp.CompositeCheckpointHandler())
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-upload")
+        self._pending: concurrent.futures.Future[None] | None = None
+
+    @property
+    def steps(self) -> list[int]:
+        """The steps of the directory as this writer knows them (its own saves and deletes)."""
+        with self._lock:
+            return sorted(self._saved)
+
+    def forget(self, step: int) -> None:
+        """`step` is no longer in the directory (moved aside by the caller)."""
+        with self._lock:
+            self._saved.pop(step, None)
+
+    def save(self, step: int, args: Any, *, input_saved: bool) -> None:
+        """Starts saving `args` (an `ocp.args.Composite`) as `step`; waits for the previous save.
+
+        Raises:
+          CheckpointStorageError: the local staging directory cannot be written.
+        """
+        self.wait()
+        local = os.path.join(self._root, str(step))
+        try:
+            self._checkpointer.save(local, args=args, force=True)
+        except OSError as e:
+            raise _local_error(local, e) from e
+        self._pending = self._pool.submit(self._finish, step, local, input_saved)
+
+    def wait(self) -> None:
+        """Blocks until the save in flight is committed on the store (or raises its error)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        """Waits for the save in flight, then ends the threads and removes the local copies."""
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=False)
+            self._checkpointer.close()
+            self._cleanup()
+
+    def _finish(self, step: int, local: str, input_saved: bool) -> None:
+        try:
+            self._checkpointer.wait_until_finished()
+            integrity.write_digests(local, input_saved=input_saved)
+        except OSError as e:
+            raise _local_error(local, e) from e
+        remote = f"{self.directory}/{step}"
+        _upload(local, remote)
+        shutil.rmtree(local, ignore_errors=True)
+        with self._lock:
+            self._saved[step] = time.time()
+        self._delete_old()
+
+    def _delete_old(self) -> None:
+        with self._lock:
+            saved = dict(self._saved)
+        if self._keep_time is not None:  # the commit times of steps saved before this writer
+            saved = {s: _commit_time(f"{self.directory}/{s}") if t is None else t for s, t in saved.items()}
+            with self._lock:
+                self._saved.update({s: t for s, t in saved.items() if s in self._saved})
+        for s in retention.to_delete(saved, max_to_keep=self._max_to_keep, keep_time=self._keep_time):
+            delete_step(f"{self.directory}/{s}")
+            with self._lock:
+                self._saved.pop(s, None)
+
+
+def _upload(local: str, remote: str) -> None:
+    """Uploads every file of `local` under `remote`, the commit marker last."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(remote)
+    names = [n for n in listing.list_files(local) if n != COMMIT_MARKER]
+    fs.put([os.path.join(local, *n.split("/")) for n in names], [f"{root}/{n}" for n in names])
+    fs.pipe_file(f"{root}/{COMMIT_MARKER}", f"Checkpoint commit was successful to {remote}".encode())
+
+
+def delete_step(remote: str) -> None:
+    """Deletes step directory `remote`: its commit marker first, so that a deletion cut
+    short leaves no step a reader takes as complete."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(remote)
+    try:
+        fs.rm_file(f"{root}/{COMMIT_MARKER}")
+    except FileNotFoundError:
+        pass
+    try:
+        fs.rm(root, recursive=True)
+    except FileNotFoundError:
+        pass
+
+
+def _commit_time(remote: str) -> float | None:
+    """Orbax's commit time of step directory `remote` (seconds), None if unreadable."""
+    try:
+        meta = json.loads(listing.read_bytes(remote, "_CHECKPOINT_METADATA"))
+        return int(meta["commit_timestamp_nsecs"]) / 1e9
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _remove_stale_roots() -> None:
+    """Removes the staging directories of processes that no longer run (killed mid-save)."""
+    base = tempfile.gettempdir()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_PREFIX):].split("_", 1)[0] if name.startswith(_PREFIX) else ""
+        if pid.isdigit() and int(pid) != os.getpid() and not process_running(int(pid)):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
+def _local_error(path: str, error: BaseException) -> CheckpointStorageError:
+    return CheckpointStorageError(
+        message(
+            "A save to gs:// is first written to a local staging directory, which must have "
+            "room for this host's part of one checkpoint.",
+            f"staging directory {path!r} ({type(error).__name__}: {error})",
+            "Set the TMPDIR environment variable to a local directory with that much free space.",
+        )
+    )
