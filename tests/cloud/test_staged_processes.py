@@ -145,3 +145,19 @@ def test_a_process_killed_before_its_part_is_up_leaves_no_step(gcs_server, gs_di
     finally:
         reader.close()
     assert cm.estimator(gs_dir).latest_checkpoint() is None
+
+
+def test_each_process_uploads_only_its_own_part():
+    from tpu_estimator.checkpoint.process_parts import part
+
+    names = ["_CHECKPOINT_METADATA", "commit_success.txt", "input/metadata", "state/_METADATA",
+             "state/_sharding", "state/manifest.ocdbt", "state/d/ab", "state/array_metadatas/process_0",
+             "state/array_metadatas/process_1", "state/array_metadatas/process_10",
+             "state/ocdbt.process_0/manifest.ocdbt", "state/ocdbt.process_0/d/cd",
+             "state/ocdbt.process_1/manifest.ocdbt", "state/ocdbt.process_1/d/ef",
+             "state/ocdbt.process_10/d/gh"]
+    # process 0: all but its local root tree (merged on the store); the marker is left
+    # out by the upload itself (staging._put)
+    assert part(names, 0) == [n for n in names if n not in ("state/manifest.ocdbt", "state/d/ab")]
+    assert part(names, 1) == ["state/array_metadatas/process_1", "state/ocdbt.process_1/manifest.ocdbt",
+                              "state/ocdbt.process_1/d/ef"]
