@@ -17,6 +17,8 @@ processes goes:
    item's local root tree (the merge of its own tree alone) and the commit marker,
    another process only its `ocdbt.process_<i>/` and `array_metadatas/process_<i>`;
 3. a barrier of all processes (JAX's coordination service: no request to the store);
+   each process's outcome goes through the service's key-value store, so that a part
+   that failed ends every process's save with an error naming it (nothing committed);
 4. process 0 merges the per-process trees on the store with Orbax's public
    `merge_ocdbt_per_process_files` (it reads each tree's manifest and nodes, writes the
    root's, and checks that every array has its metadata and chunks), records the digests
@@ -24,8 +26,10 @@ processes goes:
    commit marker, last;
 5. a second barrier: every process's save ends once the step is committed.
 
-A process that dies before 3. leaves the others waiting at the barrier (Orbax's save
-timeout) and no commit marker: no step a reader takes.
+A process that dies before 3. (or fails before its background part starts: a local
+staging directory that cannot be written) leaves the others waiting at the barrier
+(Orbax's save timeout, or until JAX's heartbeat ends them) and no commit marker: no
+step a reader takes.
 """
 
 from __future__ import annotations
