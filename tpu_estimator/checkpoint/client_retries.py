@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 from tpu_estimator import storage
 
-__all__ = ["install"]
+__all__ = ["install", "bounded_context"]
 
 _lock = threading.Lock()
 _installed = False
@@ -50,6 +50,16 @@ def install() -> None:
         _installed = True
 
 
+def bounded_context(parent: Any) -> Any:
+    """A child of TensorStore context `parent` whose GCS requests are retried within the
+    deadline (for TensorStore work Orbax does not do through its handlers: the merge of a
+    staged save's per-process trees, checkpoint/process_parts.py)."""
+    import tensorstore as ts
+
+    spec = ts.Context.Spec({"gcs_request_retries": storage.client_retries(storage.timeout_s())})
+    return ts.Context(spec, parent=parent)
+
+
 @contextlib.contextmanager
 def _quiet_override() -> Iterator[None]:
     """Drops Orbax's absl warning that a handler overrides jax.Array's while ours is
@@ -68,7 +78,6 @@ def _quiet_override() -> Iterator[None]:
 
 def _bounded_handler(inner: Any) -> Any:
     import orbax.checkpoint as ocp
-    import tensorstore as ts
 
     class BoundedRetries(ocp.type_handlers.TypeHandler):
         """Orbax's jax.Array handler, its TensorStore requests retried within the deadline."""
@@ -86,8 +95,7 @@ def _bounded_handler(inner: Any) -> Any:
             with self._children_lock:
                 held = self._children.get(key)
                 if held is None or held[0] is not parent:
-                    spec = ts.Context.Spec({"gcs_request_retries": storage.client_retries(timeout)})
-                    held = (parent, ts.Context(spec, parent=parent))
+                    held = (parent, bounded_context(parent))
                     self._children[key] = held
                     while len(self._children) > 8:
                         self._children.popitem(last=False)

@@ -18,10 +18,10 @@ them. A staged save sends only the step's files:
    `keep_checkpoint_every_n_hours` no longer keep are deleted, marker first
    (checkpoint/retention.py).
 
-Only on gs:// (where Orbax's readers go by that marker) and with one process: the
-OCDBT trees of several processes are merged by the primary from the shared step
-directory, which local staging would split (those saves keep the manager's path).
-The local disk (`TMPDIR`) needs room for this host's part of one checkpoint.
+Only on gs:// (where Orbax's readers go by that marker). With several processes each
+stages and uploads its own part, and process 0 merges their OCDBT trees on the store
+before the marker (checkpoint/process_parts.py). The local disk (`TMPDIR`) needs room
+for this host's part of one checkpoint.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any, Iterable
 import jax
 
 from tpu_estimator.api.checks import message
-from tpu_estimator.checkpoint import integrity, listing, retention
+from tpu_estimator.checkpoint import integrity, listing, process_parts, retention
 from tpu_estimator.errors import CheckpointStorageError
 from tpu_estimator.paths import process_running
 
@@ -49,8 +49,8 @@ _PREFIX = "tpu_estimator_staging_"
 
 
 def stages(directory: str, *, read_only: bool) -> bool:
-    """Whether saves to `directory` are staged: a writable gs:// directory, one process."""
-    return not read_only and str(directory).startswith("gs://") and jax.process_count() == 1
+    """Whether saves to `directory` are staged: a writable gs:// directory."""
+    return not read_only and str(directory).startswith("gs://")
 
 
 class StagedWriter:
@@ -80,7 +80,9 @@ class StagedWriter:
         except OSError as e:
             raise _local_error(os.path.join(tempfile.gettempdir(), f"{_PREFIX}..."), e) from e
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._root, True)
-        self._checkpointer = ocp.AsyncCheckpointer(ocp.CompositeCheckpointHandler())
+        self._several = process_parts.several()
+        self._checkpointer = (process_parts.checkpointer() if self._several
+                              else ocp.AsyncCheckpointer(ocp.CompositeCheckpointHandler()))
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-upload")
         self._pending: concurrent.futures.Future[None] | None = None
 
@@ -104,7 +106,8 @@ class StagedWriter:
         self.wait()
         local = os.path.join(self._root, str(step))
         try:
-            self._checkpointer.save(local, args=args, force=True)
+            self._checkpointer.save(local, args=process_parts.save_args(args) if self._several else args,
+                                    force=True)
         except OSError as e:
             raise _local_error(local, e) from e
         self._pending = self._pool.submit(self._finish, step, local, input_saved)
@@ -125,17 +128,29 @@ class StagedWriter:
             self._cleanup()
 
     def _finish(self, step: int, local: str, input_saved: bool) -> None:
-        try:
-            self._checkpointer.wait_until_finished()
-            integrity.write_digests(local, input_saved=input_saved)
-        except OSError as e:
-            raise _local_error(local, e) from e
         remote = f"{self.directory}/{step}"
-        _upload(local, remote)
+        if self._several:  # each process its part; process 0 merges, records, commits
+            process_parts.finish(local, remote, input_saved=input_saved,
+                                 written=lambda: self._written(local), upload=_put, commit=_commit)
+        else:
+            self._written(local)
+            try:
+                integrity.write_digests(local, input_saved=input_saved)
+            except OSError as e:
+                raise _local_error(local, e) from e
+            _put(local, remote, list(listing.list_files(local)))
+            _commit(remote)
         shutil.rmtree(local, ignore_errors=True)
         with self._lock:
             self._saved[step] = time.time()
         self._delete_old()
+
+    def _written(self, local: str) -> None:
+        """Waits until Orbax has written the local copy `local`."""
+        try:
+            self._checkpointer.wait_until_finished()
+        except OSError as e:
+            raise _local_error(local, e) from e
 
     def _delete_old(self) -> None:
         with self._lock:
@@ -145,18 +160,28 @@ class StagedWriter:
             with self._lock:
                 self._saved.update({s: t for s, t in saved.items() if s in self._saved})
         for s in retention.to_delete(saved, max_to_keep=self._max_to_keep, keep_time=self._keep_time):
-            delete_step(f"{self.directory}/{s}")
+            if jax.process_index() == 0:  # (the others follow in their own list)
+                delete_step(f"{self.directory}/{s}")
             with self._lock:
                 self._saved.pop(s, None)
 
 
-def _upload(local: str, remote: str) -> None:
-    """Uploads every file of `local` under `remote`, the commit marker last."""
+def _put(local: str, remote: str, names: list[str]) -> None:
+    """Uploads the files `names` of `local` under `remote`, one request each (not the
+    local commit marker: `_commit` writes the step's, last)."""
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(remote)
-    names = [n for n in listing.list_files(local) if n != COMMIT_MARKER]
-    fs.put([os.path.join(local, *n.split("/")) for n in names], [f"{root}/{n}" for n in names])
+    names = [n for n in names if n != COMMIT_MARKER]
+    if names:
+        fs.put([os.path.join(local, *n.split("/")) for n in names], [f"{root}/{n}" for n in names])
+
+
+def _commit(remote: str) -> None:
+    """Writes the commit marker of step directory `remote`: the step is complete."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(remote)
     fs.pipe_file(f"{root}/{COMMIT_MARKER}", f"Checkpoint commit was successful to {remote}".encode())
 
 
