@@ -158,3 +158,25 @@ def test_the_estimators_train_batch_size_plans_the_tables_and_the_log_says_why(c
     assert lines[3].endswith("row over 8 device(s) (planner: 2.44 MiB > 1.00 MiB, replicated at most without a "
                              "train_batch_size)")
     assert isinstance(tables, EmbeddingTables) and tables.spec.tables["t"].sharding == "replicated"
+
+
+def test_tables_replicable_alone_but_not_together_are_stacked_table_wise():
+    """Eight 2,500 x 32 tables (312 KiB each, under one table's bound at a global batch of
+    1,024) hold 2.44 MiB together, over 1.25 x their 1 MiB looked up: one stack
+    routes them in one exchange (measured 0.45x row, replicated 0.84x). At 4,096 they stay
+    replicated (0.26x row, table-wise 0.51x); two tables do not stack evenly: replicated."""
+    eight = spec_of({f"e{i}": TableConfig(2_500, DIM) for i in range(8)})
+    assert choose(eight.tables["e0"], 8, lookups_per_step=1_024) == "replicated"
+    chosen = choices(eight, 8, global_batch=1_024)
+    assert {c.plan for c in chosen.values()} == {"table"}
+    assert chosen["e0"].why == (
+        "planner: the 8 tables of its stack hold 2.44 MiB > 1.25 MiB, replicated at most together: "
+        "1.25 x the 1.00 MiB of rows a step looks up in them; one stack routes them in one exchange")
+    assert set(table_plans(eight, 8, global_batch=4_096).values()) == {"replicated"}
+    assert set(table_plans(eight, 8).values()) == {"replicated"}  # without a batch: each under 1 MiB
+    small = spec_of({f"e{i}": TableConfig(1_250, DIM) for i in range(8)})  # 1.22 MiB together: under
+    assert set(table_plans(small, 8, global_batch=1_024).values()) == {"replicated"}
+    two = spec_of({f"e{i}": TableConfig(2_500, DIM) for i in range(2)})
+    assert set(table_plans(two, 8, global_batch=1_024).values()) == {"replicated"}
+    fixed = pinned(eight, 8, global_batch=1_024)
+    assert table_plans(fixed, 8) == table_plans(eight, 8, global_batch=1_024)

@@ -17,17 +17,38 @@
   is routed to the one device holding its table (one block per device instead of one per
   table: the owner gathers and updates a single block).
 
-`TableConfig(sharding=...)` picks one; None (the default) lets `choose` decide: with more
-than one device, a table of at most `REPLICATE_MAX_BYTES` (rows x dimension x 4 bytes:
-1 MiB) is replicated, others are row-sharded. The bound is measured, not argued
-(`benchmarks/embedding_plans.py`, one table's training step on 8 CPU devices, a global
-batch of 1,024 with 4 ids per example, 7 rounds): replicated tables were faster up to
-7,500 x 32 (938 KiB; row / replicated 1.17), even at 10,000 x 32 (1.25 MiB: 1.02),
-row-sharded ones from 15,000 x 32 (1.9 MiB: 0.87) on: the row scheme's collectives cost
-about the same whatever the table, the dense gradient's all-reduce and update grow with
-it. The bound grows with the batch (the row scheme's exchange carries the ids, the dense
-gradient the table): at a global batch of 4,096 replicating 20,000 x 32 (2.5 MiB) was
-still 2x faster; the planner does not see the batch and keeps the bound of 1,024. Then, among the tables it would row-shard:
+`TableConfig(sharding=...)` picks one; None (the default) lets the planner decide (`choices`),
+with more than one device, from the table's bytes (rows x dimension x 4) and the rows a
+training step looks up in it (`lookups_per_step`: the estimator's `train_batch_size` x one
+id per feature, `max_sequence_length` per sequence feature):
+
+- replicated when its bytes are at most `replicate_bound`: `REPLICATE_BASE_BYTES` (384 KiB)
+  + `REPLICATE_PER_LOOKED_UP` (1.25) x the bytes of the rows a step looks up (lookups x
+  dimension x 4); without a batch (`train_batch_size` None) `REPLICATE_MAX_BYTES` (1 MiB).
+  A replicated table's step grows with the table (the dense gradient's all-reduce and the
+  whole-table update), a routed one's with the lookups (ids and rows exchanged). Measured
+  (`benchmarks/embedding_plans.py --batch B --width W`, one table, 8 CPU devices, 5
+  interleaved rounds; benchmarks/RESULTS.md): replicated and routed steps cost the same at
+  about 500 KiB (B 256, W 1), 470-650 KiB (1,024, 1), 1.3 MiB (1,024, 4), 3.2 MiB (4,096, 1,
+  dimension 128), 5.3 MiB (4,096, 4) and 10.4 MiB (16,384, 4), dimension 32 unless said
+  (30% of the W ids -1; the bound counts all W): the bound lies under each, at the last.
+  A bag feature's width is not known when the plan is made (the first batch comes later,
+  and may differ between hosts): it counts as one id, so a bag's table is replicated less
+  often than would pay (the bound of 1,024 x 1 id, not 4);
+- tables replicable one by one that stack table-wise (below) are stacked instead when
+  together they hold more than 1.25 x the bytes of the rows a step looks up in them (one
+  stack routes all their ids in one exchange, so the fixed part of routing is not paid
+  per table; measured, 8 tables of one feature, global batch 1,024: 8 x 2,500 x 32
+  replicated 0.84x row vs stacked 0.45x; 8 x 1,250 x 32: 0.54x vs 0.42x; 8 x 625 x 32:
+  0.28x vs 0.52x; at 4,096, 8 x 2,500 x 32: 0.26x vs 0.51x);
+- the planner's replicated tables and their optimizer slots stay within
+  `REPLICATE_BUDGET_BYTES` per device (256 MiB: 1/64 of a 16 GiB TPU v5e chip, the
+  smallest in use, so the model keeps its memory; the device's memory is not read, so the
+  plan is the same on every host; the tables asked to be replicated counted first): the
+  tables looked up most per row (looked-up bytes per table byte) are kept first, ties by
+  name; the others are sharded as below.
+
+Then, among the tables it would row-shard:
 
 - column-wise, a table of `dimension >= COLUMN_MIN_DIMENSION` (256) that the device count
   divides: measured (one table, 8 devices) 0.76x row's step time at 20,000 x 256 and
@@ -126,9 +147,11 @@ def choices(
     budget_bytes: int = REPLICATE_BUDGET_BYTES,
 ) -> dict[str, Choice]:
     """table name -> its plan over `num_shards` devices and why (sorted by name, as
-    `spec.tables`): `choose`'s with the lookups of a step of `global_batch` examples; the
+    `spec.tables`): `choose`'s with the lookups of a step of `global_batch` examples; of
+    the tables it replicates, those that stack table-wise and hold more together than
+    `replicate_bound` of their lookups together sharded (`_stacked_instead`); the
     replicated tables held within `budget_bytes` per device (tables and optimizer slots,
-    the asked-for ones counted first; then the planner's, most lookups per byte first; the
+    the asked-for ones counted first; then the planner's, most lookups per row first; the
     others sharded); then the tables the planner would shard by rows that stack with at most
     `TABLE_WISE_MAX_PADDING` (embedding/tablewise.py `fitting`) are table-wise."""
     tables = spec.tables
@@ -140,6 +163,11 @@ def choices(
     planned = [t for t, c in tables.items() if c.sharding is None]
     for t in planned:
         out[t] = Choice(out[t].plan, _bound_reason(tables[t], lookups[t], global_batch))
+    grouped: set[str] = set()  # replicable alone, but not together: stacked table-wise below
+    if global_batch is not None:
+        for t, why in _stacked_instead(spec, [t for t in planned if out[t].plan == "replicated"], num_shards,
+                                       lookups).items():
+            out[t], grouped = Choice("row", why), grouped | {t}
     copies = 1 + len(slot_initial_values(spec.optimization_parameters))
     held = sum(table_bytes(c) * copies for t, c in tables.items() if c.sharding == "replicated")
     wanted = [t for t in planned if out[t].plan == "replicated"]
@@ -149,13 +177,41 @@ def choices(
             continue
         out[t] = Choice(
             _sharded(tables[t], num_shards),
-            f"planner: {out[t].why}, but the replicated tables with their {copies - 1} optimizer slot(s) "
+            f"{out[t].why}, but the replicated tables with their {copies - 1} optimizer slot(s) "
             f"would pass {_mib(budget_bytes)} per device (plan.REPLICATE_BUDGET_BYTES; {_mib(held)} held)",
         )
     rows = [t for t in planned if out[t].plan == "row"]
-    if len(rows) > 1:
-        for t in tablewise.fitting(spec, rows, num_shards, TABLE_WISE_MAX_PADDING):
-            out[t] = Choice("table", f"{out[t].why}; its stack holds <= {TABLE_WISE_MAX_PADDING} stored rows per row")
+    fit = tablewise.fitting(spec, rows, num_shards, TABLE_WISE_MAX_PADDING) if len(rows) > 1 else []
+    for t in fit:
+        out[t] = Choice("table", out[t].why if t in grouped else
+                        f"{out[t].why}; its stack holds <= {TABLE_WISE_MAX_PADDING} stored rows per row")
+    for t in grouped.difference(fit):  # left out of the stack beside other tables: routed alone
+        out[t] = Choice("row", f"{out[t].why} (left out of it beside the others: row-sharded)")
+    return out
+
+
+def _stacked_instead(
+    spec: EmbeddingConfigSpec, wanted: list[str], num_shards: int, lookups: dict[str, int | None]
+) -> dict[str, str]:
+    """table -> why, of the tables `wanted` replicated that stack table-wise (`tablewise.fitting`)
+    and together hold more than `REPLICATE_PER_LOOKED_UP` x the bytes of the rows a step
+    looks up in them: one stack routes their ids in one exchange, so the routed step's fixed
+    cost (`REPLICATE_BASE_BYTES` per table) is not paid per table (measured, 8 tables of one
+    feature at a global batch of 1,024: replicated and stacked cost the same at ~1.0 MiB
+    together for 1 MiB looked up)."""
+    groups: dict[tuple, list[str]] = {}
+    for t in tablewise.fitting(spec, wanted, num_shards, TABLE_WISE_MAX_PADDING):
+        groups.setdefault(tablewise.stack_key(spec.tables[t]), []).append(t)
+    out = {}
+    for group in groups.values():
+        size = sum(table_bytes(spec.tables[t]) for t in group)
+        looked = sum(lookups[t] * spec.tables[t].dimension * 4 for t in group)  # type: ignore[operator]
+        bound = int(REPLICATE_PER_LOOKED_UP * looked)
+        if size > bound:
+            why = (f"planner: the {len(group)} tables of its stack hold {_mib(size)} > {_mib(bound)}, replicated at "
+                   f"most together: {REPLICATE_PER_LOOKED_UP:g} x the {_mib(looked)} of rows a step looks up in "
+                   f"them; one stack routes them in one exchange")
+            out.update({t: why for t in group})
     return out
 
 
