@@ -421,12 +421,15 @@ def big_batch(rounds: int) -> None:
 def fusion_program(shapes: dict, sharding: str | None, fuse: bool):
     """(jitted embedding step (state, ids, labels, step) -> state, initial state, compile s) of
     `shapes`' tables on 8 devices as the estimator's per-replica step runs them (plans by the
-    planner, or every table `sharding`; routing "auto"), tables fused or each on its own."""
+    planner's for a global batch of BATCH, or every table `sharding`; routing "auto"), tables
+    fused or each on its own."""
     from tpu_estimator.embedding.lookup import Collectives
+    from tpu_estimator.embedding.plan import pinned
     from tpu_estimator.embedding.replica import lookup_in_replica, state_specs, update_in_replica
     from tpu_estimator.embedding.sharded import ShardedTables
 
-    spec, n = embedding_spec(shapes, sharding), jax.device_count()
+    n = jax.device_count()
+    spec = pinned(embedding_spec(shapes, sharding), n, global_batch=BATCH)  # the plans the estimator's would be
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
     tables = ShardedTables(spec, mesh, batch_axis="data", table_axes=("data",))
     coll = Collectives("data", ("data",), n, n, fuse_tables=fuse)
@@ -598,7 +601,7 @@ def main(argv=None) -> int:
     from tpu_estimator.embedding.plan import describe
 
     est, probe = estimator(shapes, steps=steps), StateProbe()
-    print("\n".join(describe(embedding_spec(shapes), jax.device_count())), flush=True)
+    print("\n".join(describe(embedding_spec(shapes), jax.device_count(), global_batch=BATCH)), flush=True)
     est.train(lambda params: iter(batches), steps=steps, hooks=[probe])  # warm-up: compiles
     print(f"warm-up: ours {time.perf_counter() - t0:.0f} s", flush=True)
     emb = probe.state.extras["embedding"]  # (read now: the next call donates these buffers)

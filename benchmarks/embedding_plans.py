@@ -1,11 +1,11 @@
 """The planner's rule, measured: the per-replica training step of K tables under each plan.
 
     .venv/bin/python benchmarks/embedding_plans.py [--rounds N] [--sizes 100x16,1000x16,...]
-        [--tables K] [--plans row,replicated,table,column] [--batch B] [--hlo]
+        [--tables K] [--plans row,replicated,table,column] [--batch B] [--width W] [--hlo]
 
 For each table size (rows x dim) on 8 fake CPU devices: K tables of that size (default 1),
-each looked up by one feature of 4 ids per example (30% padding), a global batch of 1,024
-(`--batch`), Adagrad; the step as the estimator runs it (under `shard_map` manual over "data": lookup,
+each looked up by one feature of 4 ids per example (`--width`; 30% padding), a global batch
+of 1,024 (`--batch`), Adagrad; the step as the estimator runs it (under `shard_map` manual over "data": lookup,
 gradient of a loss of the activations, the lazy update), with every table
 `TableConfig(sharding=plan)` for each plan asked ("column" where 8 divides the dimension),
 and, for K = 1, the reference: a replicated table looked up with `jnp.take`, its dense
@@ -110,20 +110,21 @@ def main(argv=None) -> int:
     parser.add_argument("--tables", type=int, default=1, help="K tables of each size, one feature each")
     parser.add_argument("--plans", default="row,replicated", help="comma-separated; the first is the ratios' base")
     parser.add_argument("--batch", type=int, default=BATCH, help="global batch (a multiple of 8)")
+    parser.add_argument("--width", type=int, default=WIDTH, help="ids per example and table (30%% of them -1)")
     parser.add_argument("--hlo", action="store_true", help="print the compiled steps' instruction counts (K = 1)")
     args = parser.parse_args(argv)
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
-    plans, batch_size = args.plans.split(","), args.batch
+    plans, batch_size, width = args.plans.split(","), args.batch, args.width
     print(f"jax {jax.__version__}, {mesh.size} {jax.default_backend()} devices, global batch {batch_size}, "
-          f"{args.tables} table(s) of each size, {WIDTH} ids per example and table, {STEPS} steps per timed "
+          f"{args.tables} table(s) of each size, {width} ids per example and table, {STEPS} steps per timed "
           f"call, {args.rounds} interleaved rounds")
     for size in args.sizes.split(","):
         rows, dim = (int(v) for v in size.split("x"))
         rng = np.random.RandomState(0)
         ids = {}
         for j in range(args.tables):
-            ids[f"f{j}"] = rng.randint(0, rows, (batch_size, WIDTH)).astype(np.int32)
-            ids[f"f{j}"][rng.rand(batch_size, WIDTH) < 0.3] = -1
+            ids[f"f{j}"] = rng.randint(0, rows, (batch_size, width)).astype(np.int32)
+            ids[f"f{j}"][rng.rand(batch_size, width) < 0.3] = -1
         batch = jax.device_put((ids, rng.randint(0, 2, batch_size).astype(np.float32)), NamedSharding(mesh, P("data")))
         made = {p: ours(mesh, rows, dim, p, args.tables) for p in plans if p != "column" or dim % mesh.size == 0}
         if args.tables == 1:

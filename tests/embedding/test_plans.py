@@ -89,7 +89,8 @@ def test_plan_is_logged_once_one_line_per_table(caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "tpu_estimator.embedding"]
     assert lines == describe(spec, 8) + describe(spec, 8), lines
     assert "'big' (37 x 8, 0.00 MiB): column over 8 device(s) (TableConfig(sharding=...))" in lines[0]
-    assert "'small' (5 x 8, 0.00 MiB): replicated over 8 device(s) (planner)" in lines[1]
+    assert ("'small' (5 x 8, 0.00 MiB): replicated over 8 device(s) (planner: 0.00 MiB <= 1.00 MiB, replicated "
+            "at most without a train_batch_size)") in lines[1]
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,7 @@ from tpu_estimator.embedding.config import EmbeddingConfigSpec
 from tpu_estimator.embedding.inputs import prepare_features
 from tpu_estimator.embedding.layout import flat_codes, saved_layouts, storage_keys
 from tpu_estimator.embedding.lookup import Collectives
-from tpu_estimator.embedding.plan import check_plans, log_plans
+from tpu_estimator.embedding.plan import check_plans, log_plans, pinned
 from tpu_estimator.embedding.restore import RowReader, read_sharded, read_stacked
 from tpu_estimator.embedding.row_sources import SavedTable, place_rows, place_stack
 from tpu_estimator.embedding.replica import (
@@ -69,14 +69,19 @@ class EmbeddingTables:
     setting: str = "TPUEstimator(embedding_config_spec=...)"
 
     @classmethod
-    def create(cls, spec: EmbeddingConfigSpec, topology: Topology, *, log: bool = True) -> "EmbeddingTables":
-        """The tables on `topology`; their plans are checked and (`log`) logged, one INFO line
-        per table (embedding/plan.py)."""
-        tables = replica_tables(spec, topology)
-        check_plans(spec, tables.num_shards)  # raises where a TableConfig(sharding=...) cannot place its table
+    def create(
+        cls, spec: EmbeddingConfigSpec, topology: Topology, *, global_batch: int | None = None, log: bool = True
+    ) -> "EmbeddingTables":
+        """The tables on `topology`, each placed by its plan for a training step of
+        `global_batch` examples (None: not known; embedding/plan.py), fixed here: the tables
+        run on the spec with every plan pinned (`plan.pinned`). The plans are checked and
+        (`log`) logged, one INFO line per table with its reason."""
+        num_shards = replica_tables(spec, topology).num_shards
+        check_plans(spec, num_shards, global_batch=global_batch)  # raises where a plan cannot place its table
         if log and topology.num_devices > 1:
-            log_plans(spec, tables.num_shards)
-        return cls(spec, replica_collectives(topology), tables)
+            log_plans(spec, num_shards, global_batch=global_batch)
+        spec = pinned(spec, num_shards, global_batch=global_batch)
+        return cls(spec, replica_collectives(topology), replica_tables(spec, topology))
 
     def on_one_device(self) -> "EmbeddingTables":
         """The tables as an export serves them: whole, looked up on one device."""

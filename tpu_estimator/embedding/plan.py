@@ -17,17 +17,38 @@
   is routed to the one device holding its table (one block per device instead of one per
   table: the owner gathers and updates a single block).
 
-`TableConfig(sharding=...)` picks one; None (the default) lets `choose` decide: with more
-than one device, a table of at most `REPLICATE_MAX_BYTES` (rows x dimension x 4 bytes:
-1 MiB) is replicated, others are row-sharded. The bound is measured, not argued
-(`benchmarks/embedding_plans.py`, one table's training step on 8 CPU devices, a global
-batch of 1,024 with 4 ids per example, 7 rounds): replicated tables were faster up to
-7,500 x 32 (938 KiB; row / replicated 1.17), even at 10,000 x 32 (1.25 MiB: 1.02),
-row-sharded ones from 15,000 x 32 (1.9 MiB: 0.87) on: the row scheme's collectives cost
-about the same whatever the table, the dense gradient's all-reduce and update grow with
-it. The bound grows with the batch (the row scheme's exchange carries the ids, the dense
-gradient the table): at a global batch of 4,096 replicating 20,000 x 32 (2.5 MiB) was
-still 2x faster; the planner does not see the batch and keeps the bound of 1,024. Then, among the tables it would row-shard:
+`TableConfig(sharding=...)` picks one; None (the default) lets the planner decide (`choices`),
+with more than one device, from the table's bytes (rows x dimension x 4) and the rows a
+training step looks up in it (`lookups_per_step`: the estimator's `train_batch_size` x one
+id per feature, `max_sequence_length` per sequence feature):
+
+- replicated when its bytes are at most `replicate_bound`: `REPLICATE_BASE_BYTES` (384 KiB)
+  + `REPLICATE_PER_LOOKED_UP` (1.25) x the bytes of the rows a step looks up (lookups x
+  dimension x 4); without a batch (`train_batch_size` None) `REPLICATE_MAX_BYTES` (1 MiB).
+  A replicated table's step grows with the table (the dense gradient's all-reduce and the
+  whole-table update), a routed one's with the lookups (ids and rows exchanged). Measured
+  (`benchmarks/embedding_plans.py --batch B --width W`, one table, 8 CPU devices, 5
+  interleaved rounds; benchmarks/RESULTS.md): replicated and routed steps cost the same at
+  about 500 KiB (B 256, W 1), 470-650 KiB (1,024, 1), 1.3 MiB (1,024, 4), 3.2 MiB (4,096, 1,
+  dimension 128), 5.3 MiB (4,096, 4) and 10.4 MiB (16,384, 4), dimension 32 unless said
+  (30% of the W ids -1; the bound counts all W): the bound lies under each, at the last.
+  A bag feature's width is not known when the plan is made (the first batch comes later,
+  and may differ between hosts): it counts as one id, so a bag's table is replicated less
+  often than would pay (the bound of 1,024 x 1 id, not 4);
+- tables replicable one by one that stack table-wise (below) are stacked instead when
+  together they hold more than 1.25 x the bytes of the rows a step looks up in them (one
+  stack routes all their ids in one exchange, so the fixed part of routing is not paid
+  per table; measured, 8 tables of one feature, global batch 1,024: 8 x 2,500 x 32
+  replicated 0.84x row vs stacked 0.45x; 8 x 1,250 x 32: 0.54x vs 0.42x; 8 x 625 x 32:
+  0.28x vs 0.52x; at 4,096, 8 x 2,500 x 32: 0.26x vs 0.51x);
+- the planner's replicated tables and their optimizer slots stay within
+  `REPLICATE_BUDGET_BYTES` per device (256 MiB: 1/64 of a 16 GiB TPU v5e chip, the
+  smallest in use, so the model keeps its memory; the device's memory is not read, so the
+  plan is the same on every host; the tables asked to be replicated counted first): the
+  tables looked up most per row (looked-up bytes per table byte) are kept first, ties by
+  name; the others are sharded as below.
+
+Then, among the tables it would row-shard:
 
 - column-wise, a table of `dimension >= COLUMN_MIN_DIMENSION` (256) that the device count
   divides: measured (one table, 8 devices) 0.76x row's step time at 20,000 x 256 and
@@ -52,50 +73,187 @@ replicated one whole rows).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Literal
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.embedding import tablewise
 from tpu_estimator.embedding.config import EmbeddingConfigSpec, TableConfig
+from tpu_estimator.embedding.updates import slot_initial_values
 
 Plan = Literal["row", "column", "replicated", "table"]
 PLAN_CODES = ("row", "replicated", "column", "table")  # the plan codes of a saved layout (layout.TABLE_PLAN)
-REPLICATE_MAX_BYTES = 1 << 20  # float32 table bytes replicated at most (benchmarks/embedding_plans.py)
+REPLICATE_MAX_BYTES = 1 << 20  # float32 table bytes replicated at most without a batch (see above)
+REPLICATE_BASE_BYTES = 3 << 17  # with a batch: replicated at most this ...
+REPLICATE_PER_LOOKED_UP = 1.25  # ... plus this many times the bytes of the rows a step looks up
+REPLICATE_BUDGET_BYTES = 256 << 20  # the planner's replicated tables and slots per device, together
 TABLE_WISE_MAX_PADDING = 1.25  # stored rows / table rows of the planner's table-wise stacks (see above)
 COLUMN_MIN_DIMENSION = 256  # the narrowest table the planner splits by columns (see above)
 
 log = logging.getLogger("tpu_estimator.embedding")
 
 
-def choose(config: TableConfig, num_shards: int) -> Plan:
-    """The plan of one table over `num_shards` devices: its override, else the default rule."""
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """One table's plan and why it got it (the plan log line's reason)."""
+
+    plan: Plan
+    why: str
+
+
+def replicate_bound(config: TableConfig, lookups_per_step: int | None) -> int:
+    """The most bytes (`vocabulary_size x dimension x 4`) of a table the planner replicates:
+    `REPLICATE_MAX_BYTES` when the lookups are not known, else `REPLICATE_BASE_BYTES` plus
+    `REPLICATE_PER_LOOKED_UP` times the bytes of the rows one step looks up (global batch x
+    ids per example x dimension x 4)."""
+    if lookups_per_step is None:
+        return REPLICATE_MAX_BYTES
+    return REPLICATE_BASE_BYTES + int(REPLICATE_PER_LOOKED_UP * lookups_per_step * config.dimension * 4)
+
+
+def choose(config: TableConfig, num_shards: int, *, lookups_per_step: int | None = None) -> Plan:
+    """The plan of one table over `num_shards` devices: its override, else the default rule
+    (`lookups_per_step`: rows a training step looks up in it, None: not known)."""
     if num_shards <= 1:
         return "row"
     if config.sharding is not None:
         return config.sharding  # type: ignore[return-value]
-    if config.vocabulary_size * config.dimension * 4 <= REPLICATE_MAX_BYTES:
+    if table_bytes(config) <= replicate_bound(config, lookups_per_step):
         return "replicated"
-    if config.dimension >= COLUMN_MIN_DIMENSION and config.dimension % num_shards == 0:
-        return "column"
-    return "row"
+    return _sharded(config, num_shards)
 
 
-def table_plans(spec: EmbeddingConfigSpec, num_shards: int) -> dict[str, Plan]:
-    """table name -> its plan over `num_shards` devices (sorted by name, as `spec.tables`):
-    `choose`'s, then the tables the planner would shard by rows that stack with at most
+def _sharded(config: TableConfig, num_shards: int) -> Plan:
+    return "column" if config.dimension >= COLUMN_MIN_DIMENSION and config.dimension % num_shards == 0 else "row"
+
+
+def table_bytes(config: TableConfig) -> int:
+    return config.vocabulary_size * config.dimension * 4
+
+
+def lookups_per_step(spec: EmbeddingConfigSpec, table: str, global_batch: int | None) -> int | None:
+    """Rows a training step of `global_batch` examples looks up in `table` (one per feature
+    and example, `max_sequence_length` per sequence feature: `tablewise.expected_lookups`);
+    None without a batch."""
+    return None if global_batch is None else global_batch * tablewise.expected_lookups(spec, table)
+
+
+def choices(
+    spec: EmbeddingConfigSpec,
+    num_shards: int,
+    *,
+    global_batch: int | None = None,
+    budget_bytes: int = REPLICATE_BUDGET_BYTES,
+) -> dict[str, Choice]:
+    """table name -> its plan over `num_shards` devices and why (sorted by name, as
+    `spec.tables`): `choose`'s with the lookups of a step of `global_batch` examples; of
+    the tables it replicates, those that stack table-wise and hold more together than
+    `replicate_bound` of their lookups together sharded (`_stacked_instead`); the
+    replicated tables held within `budget_bytes` per device (tables and optimizer slots,
+    the asked-for ones counted first; then the planner's, most lookups per row first; the
+    others sharded); then the tables the planner would shard by rows that stack with at most
     `TABLE_WISE_MAX_PADDING` (embedding/tablewise.py `fitting`) are table-wise."""
-    plans: dict[str, Plan] = {name: choose(config, num_shards) for name, config in spec.tables.items()}
-    rows = [t for t, plan in plans.items() if plan == "row" and spec.tables[t].sharding is None]
-    if num_shards > 1 and len(rows) > 1:
-        plans.update({t: "table" for t in tablewise.fitting(spec, rows, num_shards, TABLE_WISE_MAX_PADDING)})
-    return plans
+    tables = spec.tables
+    if num_shards <= 1:
+        return {t: Choice("row", "one device holds every table whole") for t in tables}
+    lookups = {t: lookups_per_step(spec, t, global_batch) for t in tables}
+    out = {t: Choice(choose(c, num_shards, lookups_per_step=lookups[t]), "TableConfig(sharding=...)")
+           for t, c in tables.items()}
+    planned = [t for t, c in tables.items() if c.sharding is None]
+    for t in planned:
+        out[t] = Choice(out[t].plan, _bound_reason(tables[t], lookups[t], global_batch))
+    grouped: set[str] = set()  # replicable alone, but not together: stacked table-wise below
+    if global_batch is not None:
+        for t, why in _stacked_instead(spec, [t for t in planned if out[t].plan == "replicated"], num_shards,
+                                       lookups).items():
+            out[t], grouped = Choice("row", why), grouped | {t}
+    copies = 1 + len(slot_initial_values(spec.optimization_parameters))
+    held = sum(table_bytes(c) * copies for t, c in tables.items() if c.sharding == "replicated")
+    wanted = [t for t in planned if out[t].plan == "replicated"]
+    for t in sorted(wanted, key=lambda t: (-tablewise.expected_lookups(spec, t) / tables[t].vocabulary_size, t)):
+        if held + table_bytes(tables[t]) * copies <= budget_bytes:
+            held += table_bytes(tables[t]) * copies
+            continue
+        out[t] = Choice(
+            _sharded(tables[t], num_shards),
+            f"{out[t].why}, but the replicated tables with their {copies - 1} optimizer slot(s) "
+            f"would pass {_mib(budget_bytes)} per device (plan.REPLICATE_BUDGET_BYTES; {_mib(held)} held)",
+        )
+    rows = [t for t in planned if out[t].plan == "row"]
+    fit = tablewise.fitting(spec, rows, num_shards, TABLE_WISE_MAX_PADDING) if len(rows) > 1 else []
+    for t in fit:
+        out[t] = Choice("table", out[t].why if t in grouped else
+                        f"{out[t].why}; its stack holds <= {TABLE_WISE_MAX_PADDING} stored rows per row")
+    for t in grouped.difference(fit):  # left out of the stack beside other tables: routed alone
+        out[t] = Choice("row", f"{out[t].why} (left out of it beside the others: row-sharded)")
+    return out
 
 
-def check_plans(spec: EmbeddingConfigSpec, num_shards: int, *, columns_ok: bool = True) -> dict[str, Plan]:
+def _stacked_instead(
+    spec: EmbeddingConfigSpec, wanted: list[str], num_shards: int, lookups: dict[str, int | None]
+) -> dict[str, str]:
+    """table -> why, of the tables `wanted` replicated that stack table-wise (`tablewise.fitting`)
+    and together hold more than `REPLICATE_PER_LOOKED_UP` x the bytes of the rows a step
+    looks up in them: one stack routes their ids in one exchange, so the routed step's fixed
+    cost (`REPLICATE_BASE_BYTES` per table) is not paid per table (measured, 8 tables of one
+    feature at a global batch of 1,024: replicated and stacked cost the same at ~1.0 MiB
+    together for 1 MiB looked up)."""
+    groups: dict[tuple, list[str]] = {}
+    for t in tablewise.fitting(spec, wanted, num_shards, TABLE_WISE_MAX_PADDING):
+        groups.setdefault(tablewise.stack_key(spec.tables[t]), []).append(t)
+    out = {}
+    for group in groups.values():
+        size = sum(table_bytes(spec.tables[t]) for t in group)
+        looked = sum(lookups[t] * spec.tables[t].dimension * 4 for t in group)  # type: ignore[operator]
+        bound = int(REPLICATE_PER_LOOKED_UP * looked)
+        if size > bound:
+            why = (f"planner: the {len(group)} tables of its stack hold {_mib(size)} > {_mib(bound)}, replicated at "
+                   f"most together: {REPLICATE_PER_LOOKED_UP:g} x the {_mib(looked)} of rows a step looks up in "
+                   f"them; one stack routes them in one exchange")
+            out.update({t: why for t in group})
+    return out
+
+
+def _bound_reason(config: TableConfig, lookups: int | None, global_batch: int | None) -> str:
+    size, bound = table_bytes(config), replicate_bound(config, lookups)
+    said = f"planner: {_mib(size)} {'<=' if size <= bound else '>'} {_mib(bound)}, replicated at most"
+    if lookups is None:
+        return f"{said} without a train_batch_size"
+    looked = lookups * config.dimension * 4
+    return (f"{said} at global batch {global_batch:,}: {_mib(REPLICATE_BASE_BYTES)} + "
+            f"{REPLICATE_PER_LOOKED_UP:g} x the {_mib(looked)} of rows a step looks up")
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def table_plans(spec: EmbeddingConfigSpec, num_shards: int, *, global_batch: int | None = None) -> dict[str, Plan]:
+    """table name -> its plan over `num_shards` devices (`choices`' plans)."""
+    return {t: c.plan for t, c in choices(spec, num_shards, global_batch=global_batch).items()}
+
+
+def pinned(spec: EmbeddingConfigSpec, num_shards: int, *, global_batch: int | None = None) -> EmbeddingConfigSpec:
+    """`spec` with each table's plan over `num_shards` devices (for a step of `global_batch`
+    examples) as its `TableConfig(sharding=...)`: the spec the tables are placed, looked up
+    and trained by, whose plans no longer depend on the batch. `spec` itself on one device."""
+    if num_shards <= 1:
+        return spec
+    plans = table_plans(spec, num_shards, global_batch=global_batch)
+    tables = {t: dataclasses.replace(c, sharding=plans[t]) for t, c in spec.tables.items()}
+    features = {
+        f: dataclasses.replace(spec.features[f], table=t, table_id=None) for f, t in spec.feature_tables.items()
+    }
+    return dataclasses.replace(spec, feature_to_config_dict=features, table_to_config_dict=tables)
+
+
+def check_plans(
+    spec: EmbeddingConfigSpec, num_shards: int, *, columns_ok: bool = True, global_batch: int | None = None
+) -> dict[str, Plan]:
     """`table_plans`, raising where a plan cannot place its table: "column" needs a dimension
     that `num_shards` divides, and tables sharded over the batch axis (`columns_ok`)."""
-    plans = table_plans(spec, num_shards)
+    plans = table_plans(spec, num_shards, global_batch=global_batch)
     for name, plan in plans.items():
         if plan != "column":
             continue
@@ -122,25 +280,23 @@ def check_plans(spec: EmbeddingConfigSpec, num_shards: int, *, columns_ok: bool 
     return plans
 
 
-def describe(spec: EmbeddingConfigSpec, num_shards: int) -> list[str]:
-    """One line per table: its name, shape, plan (a table-wise table's device) and whether it
-    was chosen or asked for."""
-    plans = table_plans(spec, num_shards)
+def describe(spec: EmbeddingConfigSpec, num_shards: int, *, global_batch: int | None = None) -> list[str]:
+    """One line per table: its name, shape, plan (a table-wise table's device) and why."""
+    chosen = choices(spec, num_shards, global_batch=global_batch)
+    plans = {t: c.plan for t, c in chosen.items()}
     placed = {t: layout for s in tablewise.stacks(spec, plans, num_shards) for t, layout in s.members}
     lines = []
-    for name, plan in plans.items():
+    for name, choice in chosen.items():
         config = spec.tables[name]
-        why = "TableConfig(sharding=...)" if config.sharding is not None else "planner"
-        mib = config.vocabulary_size * config.dimension * 4 / 2**20
         where = f"on device {placed[name].device} of {num_shards}" if name in placed else f"over {num_shards} device(s)"
         lines.append(
-            f"embedding table {name!r} ({config.vocabulary_size:,} x {config.dimension}, {mib:.2f} MiB): "
-            f"{plan} {where} ({why})"
+            f"embedding table {name!r} ({config.vocabulary_size:,} x {config.dimension}, "
+            f"{_mib(table_bytes(config))}): {choice.plan} {where} ({choice.why})"
         )
     return lines
 
 
-def log_plans(spec: EmbeddingConfigSpec, num_shards: int) -> None:
+def log_plans(spec: EmbeddingConfigSpec, num_shards: int, *, global_batch: int | None = None) -> None:
     """Logs `describe` at INFO, one line per table."""
-    for line in describe(spec, num_shards):
+    for line in describe(spec, num_shards, global_batch=global_batch):
         log.info(line)

@@ -110,7 +110,7 @@ def pack(
     return out
 
 
-def _key(config: TableConfig) -> tuple[Any, ...]:
+def stack_key(config: TableConfig) -> tuple[Any, ...]:
     """What the tables of one stack share: what a row table's lookup and update read."""
     return (config.dimension, config.combiner, config.learning_rate, id(config.learning_rate_fn))
 
@@ -129,7 +129,7 @@ def fitting(spec: EmbeddingConfigSpec, names: list[str], num_shards: int, max_pa
     (the planner's table-wise rule, embedding/plan.py)."""
     groups: dict[tuple[Any, ...], list[str]] = {}
     for name in sorted(names, key=lambda t: (spec.tables[t].vocabulary_size, t)):
-        groups.setdefault(_key(spec.tables[name]), []).append(name)
+        groups.setdefault(stack_key(spec.tables[name]), []).append(name)
     out = []
     for group in groups.values():
         while len(group) > 1 and padding(spec, group, num_shards) > max_padding:
@@ -156,7 +156,7 @@ def stacks(spec: EmbeddingConfigSpec, plans: Mapping[str, str], num_shards: int)
         )
     groups: dict[tuple[Any, ...], list[str]] = {}
     for name in names:
-        groups.setdefault(_key(spec.tables[name]), []).append(name)
+        groups.setdefault(stack_key(spec.tables[name]), []).append(name)
     out, loads = [], [[0, 0] for _ in range(num_shards)]
     for k, members in enumerate(groups.values()):
         sizes = {t: (spec.tables[t].vocabulary_size, expected_lookups(spec, t)) for t in members}

@@ -20,14 +20,15 @@ if TYPE_CHECKING:
 
 
 def registered(
-    config: RunConfig, topology: Topology, embedding_config_spec: Any = None
+    config: RunConfig, topology: Topology, embedding_config_spec: Any = None, *, train_batch_size: int | None = None
 ) -> tuple[StateComponent, ...]:
-    """The components the settings ask for, in the order their hooks run."""
+    """The components the settings ask for, in the order their hooks run (the embedding
+    tables planned for a training step of `train_batch_size` examples, global; None: not known)."""
     found: list[StateComponent] = []
     if embedding_config_spec is not None:
         from tpu_estimator.embedding.component import EmbeddingTables
 
-        found.append(EmbeddingTables.create(embedding_config_spec, topology))
+        found.append(EmbeddingTables.create(embedding_config_spec, topology, global_batch=train_batch_size))
     if config.tpu_config.precision_policy == "mixed_float16":
         from tpu_estimator.extras.loss_scale import DynamicLossScale
 

@@ -152,7 +152,8 @@ class Core:
     @functools.cached_property
     def components(self) -> tuple[comp.StateComponent, ...]:
         """The extra kinds of training state the settings ask for (estimator/components.py)."""
-        return registered(self.config, self.topology, self.embedding_config_spec)
+        train_batch_size = self.batch_sizes.get(ModeKeys.TRAIN)
+        return registered(self.config, self.topology, self.embedding_config_spec, train_batch_size=train_batch_size)
 
     @property
     def variable_readers(self) -> Readers:
