@@ -24,6 +24,7 @@ import threading
 from typing import Any, Iterator
 
 from tpu_estimator import storage
+from tpu_estimator.checkpoint import array_writes
 
 __all__ = ["install", "bounded_context"]
 
@@ -34,7 +35,9 @@ _installed = False
 def install() -> None:
     """Registers the bounded handler for jax.Array in Orbax's type-handler registry, once.
 
-    Leaves a handler someone else registered for jax.Array in place (theirs decides).
+    Orbax's own handler is wrapped as `array_writes.writer` makes it (saves of one process
+    write each replicated array once). Leaves a handler someone else registered for
+    jax.Array in place (theirs decides).
     """
     global _installed
     import jax
@@ -46,7 +49,8 @@ def install() -> None:
         inner = ocp.type_handlers.get_type_handler(jax.Array)
         if type(inner) is ocp.type_handlers.ArrayHandler:  # Orbax's own, as registered by Orbax
             with _quiet_override():
-                ocp.type_handlers.register_type_handler(jax.Array, _bounded_handler(inner), override=True)
+                ocp.type_handlers.register_type_handler(jax.Array, _bounded_handler(array_writes.writer(inner)),
+                                                        override=True)
         _installed = True
 
 
