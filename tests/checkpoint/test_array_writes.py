@@ -127,20 +127,16 @@ def test_checkpoints_written_replica_parallel_before_still_restore(tmp_path, mes
 
 def test_typed_prng_keys_come_back_as_keys(tmp_path, mesh):
     # The array-metadata store records a typed key's implementation; without one a key
-    # would come back as its raw uint32 data. (Through Orbax's checkpointer with the
-    # library's handler registered: the training state holds its key as uint32 data.)
-    import orbax.checkpoint as ocp
-
-    from tpu_estimator.checkpoint import client_retries
-
-    client_retries.install()
+    # would come back as its raw uint32 data. (The training state holds its own key as
+    # uint32 data; a model's collections may hold typed ones.)
     replicated = NamedSharding(mesh, P())
     state = {"key": jax.device_put(jax.random.key(3), replicated),
              "w": jax.device_put(jnp.ones((16, 4)), replicated)}
-    with ocp.StandardCheckpointer() as ckpt:
-        ckpt.save(tmp_path / "c", state)
-        ckpt.wait_until_finished()
-        back = ckpt.restore(tmp_path / "c", _abstract(state))
-    assert _write_shapes(tmp_path / "c")["w"] == (16, 4)  # the single writer saved it
+    ckpt = Checkpointer(str(tmp_path / "model"))
+    assert ckpt.save(1, state)
+    ckpt.wait()
+    back = ckpt.restore(1, _abstract(state))
+    ckpt.close()
+    assert _write_shapes(tmp_path / "model" / "1" / "state")["w"] == (16, 4)  # the single writer saved it
     assert jax.dtypes.issubdtype(back["key"].dtype, jax.dtypes.prng_key)
     np.testing.assert_array_equal(jax.random.key_data(back["key"]), jax.random.key_data(state["key"]))

@@ -117,7 +117,10 @@ def chunked_save_args(state: Any, *, chunk_bytes: int = CHUNK_BYTES) -> Any:
     import orbax.checkpoint as ocp
 
     def args(x: Any) -> Any:
-        size = int(np.prod(np.shape(x), dtype=np.int64)) * np.dtype(getattr(x, "dtype", np.float32)).itemsize
+        dtype = getattr(x, "dtype", np.float32)
+        if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):  # typed keys (no numpy dtype): small
+            return ocp.SaveArgs()
+        size = int(np.prod(np.shape(x), dtype=np.int64)) * np.dtype(dtype).itemsize
         return ocp.SaveArgs(chunk_byte_size=chunk_bytes) if size > chunk_bytes else ocp.SaveArgs()
 
     return jax.tree.map(args, state)
