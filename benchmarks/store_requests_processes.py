@@ -54,8 +54,9 @@ def main() -> None:
         "STORAGE_EMULATOR_HOST": proxy.url, "TENSORSTORE_GCS_HTTP_URL": proxy.url,
         "TENSORSTORE_GCS_HTTP_VERSION": "1", "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "NO_GCE_CHECK": "true",
-        # the job's own folder first (cloud_model), then the checkout measured
-        "PYTHONPATH": os.pathsep.join([os.path.abspath(args.root), env.get("PYTHONPATH", "")]),
+        # the job's own folder first (cloud_model), then the checkout measured, then this
+        # one (tests/final_state.py, for a checkout from before it)
+        "PYTHONPATH": os.pathsep.join([os.path.abspath(args.root), _ROOT, env.get("PYTHONPATH", "")]),
     })
     try:
         t = time.perf_counter()

@@ -29,20 +29,9 @@ import numpy as np  # noqa: E402
 
 import cloud_model as cm  # noqa: E402
 import tpu_estimator as te  # noqa: E402
+from tests.final_state import FinalState  # noqa: E402
 
 STEPS = 8
-
-
-class FinalState(te.SessionRunHook):
-    """Keeps the training state after the last loop."""
-
-    state = None
-
-    def before_run(self, run_context):
-        return te.SessionRunArgs("state")
-
-    def after_run(self, run_context, run_values):
-        self.state = run_values.results
 
 
 cluster = te.ClusterConfig(f"127.0.0.1:{port}", int(nproc), int(pid))

@@ -11,6 +11,7 @@ import optax
 import pytest
 
 import tpu_estimator as te
+from tests.final_state import FinalState
 from tests.estimator.models import batches_fn, estimator, mlp_model_fn
 
 
@@ -39,14 +40,6 @@ def remembering_model_fn(features, labels, mode, params):
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
     scaffold_fn = (lambda: te.Scaffold(init_fn=sevens)) if params.get("scaffold") else None
     return te.TPUEstimatorSpec(mode, loss=loss, train_op=pull_to_init(), scaffold_fn=scaffold_fn)
-
-
-class FinalState(te.SessionRunHook):
-    def before_run(self, run_context):
-        return te.SessionRunArgs("state")
-
-    def after_run(self, run_context, run_values):
-        self.state = run_values.results
 
 
 def test_optimizer_state_is_built_from_the_scaffold_parameters(tmp_path, data):

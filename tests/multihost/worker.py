@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import tpu_estimator as te  # noqa: E402
+from tests.final_state import FinalState  # noqa: E402
 
 X = np.random.RandomState(0).randn(256, 8).astype(np.float32)
 Y = (X.sum(1) > 0).astype(np.int32)
@@ -85,18 +86,6 @@ cfg = te.RunConfig(
 est = te.TPUEstimator(
     model_fn, config=cfg, train_batch_size=16, eval_batch_size=16, predict_batch_size=16, embedding_config_spec=SPEC
 )
-class FinalState(te.SessionRunHook):
-    """Keeps the training state after the last loop (hooks may fetch "state")."""
-
-    state = None
-
-    def before_run(self, run_context):
-        return te.SessionRunArgs("state")
-
-    def after_run(self, run_context, run_values):
-        self.state = run_values.results
-
-
 if os.environ.get("WORKER_EVAL_ONLY") == "1":  # evaluate the newest checkpoint, train nothing
     result = est.evaluate(eval_input_fn)
     np.savez(out, step=result["global_step"], procs=jax.process_count(), eval_loss=result["loss"],
