@@ -10,8 +10,10 @@ whatever the order the tables were given in.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
+import numpy as np
 import pytest
 
 from tpu_estimator.api.run_config import RunConfig
@@ -24,6 +26,7 @@ from tpu_estimator.embedding import (
 )
 from tpu_estimator.embedding import tablewise
 from tpu_estimator.embedding.component import EmbeddingTables
+from tpu_estimator.embedding.inputs import prepare_features
 from tpu_estimator.embedding.plan import (
     REPLICATE_BASE_BYTES,
     REPLICATE_MAX_BYTES,
@@ -41,11 +44,11 @@ from tpu_estimator.parallel.mesh import Topology
 DIM = 32
 
 
-def spec_of(tables, features=None, optimizer=None):
+def spec_of(tables, features=None, optimizer=None, **options):
     features = features or {f"f_{t}": FeatureConfig(t) for t in tables}
     return EmbeddingConfigSpec(
         feature_to_config_dict=features, table_to_config_dict=tables,
-        optimization_parameters=optimizer or AdagradParameters(0.1),
+        optimization_parameters=optimizer or AdagradParameters(0.1), **options,
     )
 
 
@@ -98,24 +101,25 @@ def test_the_budget_keeps_the_tables_looked_up_most_per_row():
     spec = spec_of(tables, features)
     per_table = rows * DIM * 4 * 2  # table + accumulator
     assert set(table_plans(spec, 8, global_batch=batch).values()) == {"replicated"}  # the default budget holds all
-    chosen = choices(spec, 8, global_batch=batch, budget_bytes=2 * per_table)
+    chosen = choices(dataclasses.replace(spec, replicate_budget_bytes=2 * per_table), 8, global_batch=batch)
     plans = {t: c.plan for t, c in chosen.items()}
     assert plans == {"t0": "row", "t1": "row", "t2": "replicated", "t3": "replicated", "wide": "column"}
     assert chosen["t1"].why.endswith(
         "but the replicated tables with their 1 optimizer slot(s) would pass 4.88 MiB per device "
-        "(plan.REPLICATE_BUDGET_BYTES; 4.88 MiB held)")
+        "(EmbeddingConfigSpec(replicate_budget_bytes=...); 4.88 MiB held)")
     # SGD keeps no slot: four tables fit where two did with Adagrad
-    sgd = spec_of(tables, features, StochasticGradientDescentParameters(0.1))
-    assert [t for t, c in choices(sgd, 8, global_batch=batch, budget_bytes=2 * per_table).items()
+    sgd = spec_of(tables, features, StochasticGradientDescentParameters(0.1), replicate_budget_bytes=2 * per_table)
+    assert [t for t, c in choices(sgd, 8, global_batch=batch).items()
             if c.plan == "replicated"] == ["t0", "t1", "t2", "t3"]
     # a table asked to be replicated is held first: one more fits beside it
-    asked = spec_of(tables | {"t0": TableConfig(rows, DIM, sharding="replicated")}, features)
-    assert [t for t, c in choices(asked, 8, global_batch=batch, budget_bytes=2 * per_table).items()
+    asked = spec_of(tables | {"t0": TableConfig(rows, DIM, sharding="replicated")}, features,
+                    replicate_budget_bytes=2 * per_table)
+    assert [t for t, c in choices(asked, 8, global_batch=batch).items()
             if c.plan == "replicated"] == ["t0", "t3"]
     # the tables left out of the budget stack table-wise where they fill the devices evenly
     eight = spec_of({f"e{i}": TableConfig(rows, DIM) for i in range(8)})
     assert set(table_plans(eight, 8, global_batch=batch).values()) == {"replicated"}
-    out = choices(eight, 8, global_batch=batch, budget_bytes=per_table)
+    out = choices(dataclasses.replace(eight, replicate_budget_bytes=per_table), 8, global_batch=batch)
     assert [c.plan for c in out.values()] == ["replicated"] + ["table"] * 7, out
     assert out["e1"].why.endswith("; its stack holds <= 1.25 stored rows per row")
 
@@ -153,7 +157,8 @@ def test_the_estimators_train_batch_size_plans_the_tables_and_the_log_says_why(c
     assert lines == describe(spec, 8, global_batch=4_096) + describe(spec, 8)
     assert lines[1] == (
         "embedding table 't' (20,000 x 32, 2.44 MiB): replicated over 8 device(s) (planner: 2.44 MiB <= 2.88 MiB, "
-        "replicated at most at global batch 4,096: 0.38 MiB + 1.25 x the 2.00 MiB of rows a step looks up)"
+        "replicated at most at global batch 4,096: 0.38 MiB + 1.25 x the 2.00 MiB of rows a step looks up "
+        "(4 per example))"
     )
     assert lines[3].endswith("row over 8 device(s) (planner: 2.44 MiB > 1.00 MiB, replicated at most without a "
                              "train_batch_size)")
@@ -180,3 +185,73 @@ def test_tables_replicable_alone_but_not_together_are_stacked_table_wise():
     assert set(table_plans(two, 8, global_batch=1_024).values()) == {"replicated"}
     fixed = pinned(eight, 8, global_batch=1_024)
     assert table_plans(fixed, 8) == table_plans(eight, 8, global_batch=1_024)
+
+
+def test_a_bag_features_width_counts_its_ids():
+    """`FeatureConfig(max_ids_per_example=W)`: the planner counts W rows per example (as a
+    sequence feature's max_sequence_length); without it one. The pinned spec (and a stack's
+    storage spec) keep it, the log says the count, and wider ids are an error."""
+    batch = 1_024
+    rows = largest_replicated(batch, ids_per_example=4)
+    bag = {"bag": FeatureConfig("t", max_ids_per_example=4)}
+    spec = spec_of({"t": TableConfig(rows, DIM)}, bag)
+    assert table_plans(spec, 8, global_batch=batch) == {"t": "replicated"}
+    assert table_plans(spec_of({"t": TableConfig(rows + 1, DIM)}, bag), 8, global_batch=batch) == {"t": "row"}
+    assert table_plans(spec_of({"t": TableConfig(rows, DIM)}, {"bag": FeatureConfig("t")}), 8,
+                       global_batch=batch) == {"t": "row"}  # one id counted: the bound of 1,024 x 1
+    assert describe(spec, 8, global_batch=batch)[0].endswith("(4 per example))")
+    assert pinned(spec, 8, global_batch=batch).features["bag"].max_ids_per_example == 4
+    eight = spec_of({f"e{i}": TableConfig(50_000, DIM) for i in range(8)},
+                    {f"f{i}": FeatureConfig(f"e{i}", max_ids_per_example=i + 1) for i in range(8)})
+    (stack,) = tablewise.stacks(eight, table_plans(eight, 8), 8)
+    stored = tablewise.storage_spec(eight, (stack,), table_plans(eight, 8))
+    assert [stored.features[f"f{i}"].max_ids_per_example for i in range(8)] == list(range(1, 9))
+
+    ids = np.full((2, 4), -1, np.int32)
+    assert prepare_features(spec, {"bag": ids})["bag"].shape == (2, 4)
+    assert prepare_features(spec, {"bag": ids[:, :2]})["bag"].shape == (2, 2)  # narrower: fine
+    with pytest.raises(ValueError) as e:
+        prepare_features(spec, {"bag": np.zeros((2, 5), np.int32)})
+    assert str(e.value).startswith(
+        "The ids of embedding feature 'bag' (table 't') must be at most max_ids_per_example=4 wide")
+    assert "Received: shape=(2, 5)" in str(e.value) and "max_ids_per_example=...) to 5" in str(e.value)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "4"])
+def test_max_ids_per_example_is_checked(bad):
+    with pytest.raises(ValueError, match=r"`FeatureConfig\(max_ids_per_example=\.\.\.\)` must be a positive int"):
+        FeatureConfig("t", max_ids_per_example=bad)
+
+
+def test_max_ids_per_example_is_not_for_sequence_features():
+    with pytest.raises(ValueError) as e:
+        FeatureConfig("t", max_sequence_length=5, max_ids_per_example=5)
+    assert "a sequence feature's width is its max_sequence_length" in str(e.value)
+    assert "max_sequence_length=5, max_ids_per_example=5" in str(e.value)
+    assert FeatureConfig("t", max_sequence_length=5).ids_per_example == 5
+    assert FeatureConfig("t").ids_per_example == 1
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "256MiB", None])
+def test_replicate_budget_bytes_is_checked(bad):
+    with pytest.raises(ValueError) as e:
+        spec_of({"t": TableConfig(10, DIM)}, replicate_budget_bytes=bad)
+    assert str(e.value).startswith("`EmbeddingConfigSpec(replicate_budget_bytes=...)` must be an int >= 0")
+    assert f"Received: replicate_budget_bytes={bad!r}" in str(e.value)
+
+
+def test_the_estimators_plan_honours_the_budget_and_the_bag_width():
+    """Through `registered` (what the estimator's Core calls, for train, evaluate and predict
+    alike): replicate_budget_bytes=0 leaves only the asked-for table replicated; a bag
+    width moves the bound. The same arguments give the same plan (an evaluator's)."""
+    topology = Topology.create(use_tpu=True)
+    tables = {"small": TableConfig(100, DIM), "asked": TableConfig(100, DIM, sharding="replicated"),
+              "bag": TableConfig(20_000, DIM)}
+    features = {"s": FeatureConfig("small"), "a": FeatureConfig("asked"), "b": FeatureConfig("bag")}
+    plans = lambda spec: registered(RunConfig(), topology, spec, train_batch_size=4_096)[0].tables.plans  # noqa: E731
+    assert plans(spec_of(tables, features)) == {"asked": "replicated", "bag": "row", "small": "replicated"}
+    assert plans(spec_of(tables, features, replicate_budget_bytes=0)) == {
+        "asked": "replicated", "bag": "row", "small": "row"}
+    wide = features | {"b": FeatureConfig("bag", max_ids_per_example=4)}
+    assert plans(spec_of(tables, wide)) == {"asked": "replicated", "bag": "replicated", "small": "replicated"}
+    assert plans(spec_of(tables, wide)) == plans(spec_of(dict(reversed(tables.items())), wide))

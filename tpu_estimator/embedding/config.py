@@ -19,6 +19,8 @@ from tpu_estimator.embedding.optimizers import OPTIMIZERS
 
 COMBINERS = ("sum", "mean", "sqrtn")
 SHARDINGS = ("row", "column", "replicated", "table")  # TableConfig(sharding=...); embedding/plan.py
+# EmbeddingConfigSpec(replicate_budget_bytes=...)'s default: 1/64 of a 16 GiB TPU v5e chip (embedding/plan.py)
+REPLICATE_BUDGET_BYTES = 256 << 20
 Initializer = Callable[[Any, tuple[int, ...], Any], Any]
 
 
@@ -155,12 +157,22 @@ class FeatureConfig:
         `[batch, max_sequence_length, dimension]`, one row per position.
       weight_key: The input feature holding the ids' weights (same shape as
         the ids), or None for weight 1.
+      max_ids_per_example: A bag feature's width: the most ids one example holds
+        (the width of its `[batch, width]` ids, -1 padding included), which the
+        sharding planner counts as the rows a training step looks up per example
+        (embedding/plan.py). None (default): one. The planner runs before the
+        first batch (the same plan on every host and in an estimator that only
+        evaluates), so it cannot read the width; wider ids are an error naming
+        the feature. The original had no such field (its TPU read SparseTensors'
+        widths at run time); a sequence feature's width is its
+        `max_sequence_length`, so leave this None there.
     """
 
     table: str | TableConfig | None = None
     max_sequence_length: int = 0
     weight_key: str | None = None
     table_id: str | None = None
+    max_ids_per_example: int | None = None
 
     def __post_init__(self) -> None:
         if self.table_id is not None:
@@ -191,6 +203,35 @@ class FeatureConfig:
             raise TypeError(
                 message("`FeatureConfig(weight_key=...)` must be a str or None.", f"weight_key={self.weight_key!r}")
             )
+        self._check_width()
+
+    def _check_width(self) -> None:
+        width = self.max_ids_per_example
+        if width is None:
+            return
+        if not is_int(width) or width < 1:
+            raise ValueError(
+                message(
+                    "`FeatureConfig(max_ids_per_example=...)` must be a positive int (the width of the "
+                    "feature's [batch, width] ids) or None (one id per example).",
+                    f"max_ids_per_example={width!r}",
+                )
+            )
+        if self.max_sequence_length:
+            raise ValueError(
+                message(
+                    "`FeatureConfig(max_ids_per_example=...)` is for bag features; a sequence feature's "
+                    "width is its max_sequence_length.",
+                    f"max_sequence_length={self.max_sequence_length}, max_ids_per_example={width}",
+                    "Drop max_ids_per_example (the planner counts max_sequence_length ids per example).",
+                )
+            )
+
+    @property
+    def ids_per_example(self) -> int:
+        """The rows one example looks up in the table (the planner's count): the sequence
+        length, `max_ids_per_example`, or one."""
+        return self.max_sequence_length or self.max_ids_per_example or 1
 
 
 _FEATURE_COLUMNS_FIX = (
@@ -227,6 +268,14 @@ class EmbeddingConfigSpec:
         every FeatureConfig holds a named `TableConfig`).
       partition_strategy: 'div' (contiguous blocks of rows per device) or
         'mod' (row r on device r % N).
+      replicate_budget_bytes: The most bytes per device the sharding planner's
+        replicated tables and their optimizer slots take together (float32;
+        tables asked for with `TableConfig(sharding='replicated')` counted
+        first, never moved); the planner shards the tables that do not fit,
+        keeping those looked up most per row (embedding/plan.py). Default 256
+        MiB, 1/64 of a 16 GiB TPU v5e chip; 0: the planner replicates none.
+        Not the original's (its TPU placed every table on the embedding
+        engine).
 
     Example:
       >>> from tpu_estimator.embedding import (
@@ -248,6 +297,7 @@ class EmbeddingConfigSpec:
     feature_to_config_dict: Mapping[str, FeatureConfig] | None = None
     table_to_config_dict: Mapping[str, TableConfig] | None = None
     partition_strategy: Literal["div", "mod"] = "div"
+    replicate_budget_bytes: int = REPLICATE_BUDGET_BYTES
 
     def __post_init__(self) -> None:
         if self.feature_columns is not None:
@@ -271,6 +321,17 @@ class EmbeddingConfigSpec:
                 message(
                     "`partition_strategy` must be 'div' or 'mod'.",
                     f"partition_strategy={self.partition_strategy!r}",
+                )
+            )
+        budget = self.replicate_budget_bytes
+        if not is_int(budget) or budget < 0:
+            raise ValueError(
+                message(
+                    "`EmbeddingConfigSpec(replicate_budget_bytes=...)` must be an int >= 0: the bytes per "
+                    "device the planner's replicated tables and optimizer slots may take.",
+                    f"replicate_budget_bytes={budget!r}",
+                    f"Pass e.g. replicate_budget_bytes={REPLICATE_BUDGET_BYTES} (256 MiB, the default), "
+                    "or 0 to replicate only the tables asked for.",
                 )
             )
         if not isinstance(self.optimization_parameters, OPTIMIZERS):

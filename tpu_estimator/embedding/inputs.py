@@ -5,7 +5,8 @@ Input form (numpy, per feature named in `feature_to_config_dict`):
 - ids: integers `[batch, width]`, each example's ids followed by -1 padding
   (a 1-D `[batch]` array is one id per example). A sequence feature
   (`max_sequence_length` L > 0) has width L: position p of example b is
-  `ids[b, p]`, -1 where the sequence has ended.
+  `ids[b, p]`, -1 where the sequence has ended. A bag feature with
+  `max_ids_per_example` W is at most W wide.
 - weights (`FeatureConfig.weight_key`): floats of the ids' shape under that
   key; a padding position's weight is ignored.
 
@@ -77,6 +78,17 @@ def split_features(
                     f"The ids of sequence {where} must have width max_sequence_length={length}.",
                     f"shape={value.shape}",
                     "Pad each sequence with -1 to max_sequence_length (truncate longer ones).",
+                )
+            )
+        width = config.max_ids_per_example
+        if width is not None and value.shape[1] > width:
+            raise ValueError(
+                message(
+                    f"The ids of {where} must be at most max_ids_per_example={width} wide (the width the "
+                    "sharding planner counted).",
+                    f"shape={value.shape}",
+                    f"Pad each example's ids with -1 to at most {width}, or raise "
+                    f"FeatureConfig(max_ids_per_example=...) to {value.shape[1]}.",
                 )
             )
         bad = (value < -1) | (value >= table.vocabulary_size)

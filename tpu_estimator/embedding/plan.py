@@ -19,8 +19,9 @@
 
 `TableConfig(sharding=...)` picks one; None (the default) lets the planner decide (`choices`),
 with more than one device, from the table's bytes (rows x dimension x 4) and the rows a
-training step looks up in it (`lookups_per_step`: the estimator's `train_batch_size` x one
-id per feature, `max_sequence_length` per sequence feature):
+training step looks up in it (`lookups_per_step`: the estimator's `train_batch_size` x
+per feature `FeatureConfig.ids_per_example`: `max_sequence_length` for a sequence feature,
+`max_ids_per_example` for a bag whose width was given, else one id):
 
 - replicated when its bytes are at most `replicate_bound`: `REPLICATE_BASE_BYTES` (384 KiB)
   + `REPLICATE_PER_LOOKED_UP` (1.25) x the bytes of the rows a step looks up (lookups x
@@ -32,9 +33,18 @@ id per feature, `max_sequence_length` per sequence feature):
   about 500 KiB (B 256, W 1), 470-650 KiB (1,024, 1), 1.3 MiB (1,024, 4), 3.2 MiB (4,096, 1,
   dimension 128), 5.3 MiB (4,096, 4) and 10.4 MiB (16,384, 4), dimension 32 unless said
   (30% of the W ids -1; the bound counts all W): the bound lies under each, at the last.
-  A bag feature's width is not known when the plan is made (the first batch comes later,
-  and may differ between hosts): it counts as one id, so a bag's table is replicated less
-  often than would pay (the bound of 1,024 x 1 id, not 4);
+  The plan is made before any batch, so a bag feature's width is not read from one: it is
+  `FeatureConfig(max_ids_per_example=W)` (wider batches are an error), else one id (a bag
+  of 4 then plans with the bound of 1,024 x 1 id, not 4: replicated less often than would
+  pay). Why not from the first batch: the tables (and the state's shapes and shardings)
+  are built when the estimator builds its programs, once for train, evaluate, predict and
+  export alike; an estimator that only evaluates or predicts (train_and_evaluate's
+  evaluator) never sees a training batch, and the first batches of several hosts may
+  differ in width, so plans made from them would differ between the estimator that
+  trains, the one that evaluates, and the hosts. A plan that differs (another
+  `max_ids_per_example`, `train_batch_size` or device count) still restores: the
+  checkpoint records its plans and each device reads its part of the saved layout
+  (embedding/restore.py), at the cost of that conversion at every restore;
 - tables replicable one by one that stack table-wise (below) are stacked instead when
   together they hold more than 1.25 x the bytes of the rows a step looks up in them (one
   stack routes all their ids in one exchange, so the fixed part of routing is not paid
@@ -42,9 +52,10 @@ id per feature, `max_sequence_length` per sequence feature):
   replicated 0.84x row vs stacked 0.45x; 8 x 1,250 x 32: 0.54x vs 0.42x; 8 x 625 x 32:
   0.28x vs 0.52x; at 4,096, 8 x 2,500 x 32: 0.26x vs 0.51x);
 - the planner's replicated tables and their optimizer slots stay within
-  `REPLICATE_BUDGET_BYTES` per device (256 MiB: 1/64 of a 16 GiB TPU v5e chip, the
-  smallest in use, so the model keeps its memory; the device's memory is not read, so the
-  plan is the same on every host; the tables asked to be replicated counted first): the
+  `EmbeddingConfigSpec(replicate_budget_bytes=...)` per device (default
+  `REPLICATE_BUDGET_BYTES`, 256 MiB: 1/64 of a 16 GiB TPU v5e chip, the smallest in use,
+  so the model keeps its memory; the device's memory is not read, so the plan is the same
+  on every host; the tables asked to be replicated counted first): the
   tables looked up most per row (looked-up bytes per table byte) are kept first, ties by
   name; the others are sharded as below.
 
@@ -79,6 +90,7 @@ from typing import Literal
 
 from tpu_estimator.api.checks import message
 from tpu_estimator.embedding import tablewise
+from tpu_estimator.embedding.config import REPLICATE_BUDGET_BYTES as REPLICATE_BUDGET_BYTES  # the default budget
 from tpu_estimator.embedding.config import EmbeddingConfigSpec, TableConfig
 from tpu_estimator.embedding.updates import slot_initial_values
 
@@ -87,7 +99,6 @@ PLAN_CODES = ("row", "replicated", "column", "table")  # the plan codes of a sav
 REPLICATE_MAX_BYTES = 1 << 20  # float32 table bytes replicated at most without a batch (see above)
 REPLICATE_BASE_BYTES = 3 << 17  # with a batch: replicated at most this ...
 REPLICATE_PER_LOOKED_UP = 1.25  # ... plus this many times the bytes of the rows a step looks up
-REPLICATE_BUDGET_BYTES = 256 << 20  # the planner's replicated tables and slots per device, together
 TABLE_WISE_MAX_PADDING = 1.25  # stored rows / table rows of the planner's table-wise stacks (see above)
 COLUMN_MIN_DIMENSION = 256  # the narrowest table the planner splits by columns (see above)
 
@@ -133,9 +144,8 @@ def table_bytes(config: TableConfig) -> int:
 
 
 def lookups_per_step(spec: EmbeddingConfigSpec, table: str, global_batch: int | None) -> int | None:
-    """Rows a training step of `global_batch` examples looks up in `table` (one per feature
-    and example, `max_sequence_length` per sequence feature: `tablewise.expected_lookups`);
-    None without a batch."""
+    """Rows a training step of `global_batch` examples looks up in `table` (per example and
+    feature its `ids_per_example`: `tablewise.expected_lookups`); None without a batch."""
     return None if global_batch is None else global_batch * tablewise.expected_lookups(spec, table)
 
 
@@ -144,15 +154,14 @@ def choices(
     num_shards: int,
     *,
     global_batch: int | None = None,
-    budget_bytes: int = REPLICATE_BUDGET_BYTES,
 ) -> dict[str, Choice]:
     """table name -> its plan over `num_shards` devices and why (sorted by name, as
     `spec.tables`): `choose`'s with the lookups of a step of `global_batch` examples; of
     the tables it replicates, those that stack table-wise and hold more together than
     `replicate_bound` of their lookups together sharded (`_stacked_instead`); the
-    replicated tables held within `budget_bytes` per device (tables and optimizer slots,
-    the asked-for ones counted first; then the planner's, most lookups per row first; the
-    others sharded); then the tables the planner would shard by rows that stack with at most
+    replicated tables held within `spec.replicate_budget_bytes` per device (tables and
+    optimizer slots, the asked-for ones counted first; then the planner's, most lookups per
+    row first; the others sharded); then the tables the planner would shard by rows that stack with at most
     `TABLE_WISE_MAX_PADDING` (embedding/tablewise.py `fitting`) are table-wise."""
     tables = spec.tables
     if num_shards <= 1:
@@ -168,17 +177,18 @@ def choices(
         for t, why in _stacked_instead(spec, [t for t in planned if out[t].plan == "replicated"], num_shards,
                                        lookups).items():
             out[t], grouped = Choice("row", why), grouped | {t}
-    copies = 1 + len(slot_initial_values(spec.optimization_parameters))
+    copies, budget = 1 + len(slot_initial_values(spec.optimization_parameters)), spec.replicate_budget_bytes
     held = sum(table_bytes(c) * copies for t, c in tables.items() if c.sharding == "replicated")
     wanted = [t for t in planned if out[t].plan == "replicated"]
     for t in sorted(wanted, key=lambda t: (-tablewise.expected_lookups(spec, t) / tables[t].vocabulary_size, t)):
-        if held + table_bytes(tables[t]) * copies <= budget_bytes:
+        if held + table_bytes(tables[t]) * copies <= budget:
             held += table_bytes(tables[t]) * copies
             continue
         out[t] = Choice(
             _sharded(tables[t], num_shards),
             f"{out[t].why}, but the replicated tables with their {copies - 1} optimizer slot(s) "
-            f"would pass {_mib(budget_bytes)} per device (plan.REPLICATE_BUDGET_BYTES; {_mib(held)} held)",
+            f"would pass {_mib(budget)} per device (EmbeddingConfigSpec(replicate_budget_bytes=...); "
+            f"{_mib(held)} held)",
         )
     rows = [t for t in planned if out[t].plan == "row"]
     fit = tablewise.fitting(spec, rows, num_shards, TABLE_WISE_MAX_PADDING) if len(rows) > 1 else []
@@ -221,8 +231,10 @@ def _bound_reason(config: TableConfig, lookups: int | None, global_batch: int | 
     if lookups is None:
         return f"{said} without a train_batch_size"
     looked = lookups * config.dimension * 4
+    per_example = lookups // global_batch  # type: ignore[operator]
     return (f"{said} at global batch {global_batch:,}: {_mib(REPLICATE_BASE_BYTES)} + "
-            f"{REPLICATE_PER_LOOKED_UP:g} x the {_mib(looked)} of rows a step looks up")
+            f"{REPLICATE_PER_LOOKED_UP:g} x the {_mib(looked)} of rows a step looks up "
+            f"({per_example} per example)")
 
 
 def _mib(n: float) -> str:

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tpu_estimator.api.checks import message
-from tpu_estimator.embedding.config import EmbeddingConfigSpec, FeatureConfig, TableConfig
+from tpu_estimator.embedding.config import EmbeddingConfigSpec, TableConfig
 from tpu_estimator.embedding.layout import MemberLayout
 
 PREFIX = "_tablewise_"  # a stack's key in the state: PREFIX + its index
@@ -86,9 +86,9 @@ class Stack:
 
 
 def expected_lookups(spec: EmbeddingConfigSpec, table: str) -> int:
-    """Rows looked up per example (a static estimate): one per feature, `max_sequence_length`
-    per sequence feature."""
-    return sum(max(1, spec.features[f].max_sequence_length) for f in spec.features_of(table))
+    """Rows looked up per example (a static estimate): per feature `max_sequence_length` (a
+    sequence feature), `max_ids_per_example` (a bag whose width was given), else one."""
+    return sum(spec.features[f].ids_per_example for f in spec.features_of(table))
 
 
 def pack(
@@ -197,8 +197,7 @@ def storage_spec(
     tables = {t: dataclasses.replace(c, sharding=plans[t]) for t, c in spec.tables.items() if t not in where}
     tables.update({s.name: s.config for s in stacked})
     features = {
-        f: FeatureConfig(where.get(t, t), max_sequence_length=spec.features[f].max_sequence_length,
-                         weight_key=spec.features[f].weight_key)
+        f: dataclasses.replace(spec.features[f], table=where.get(t, t), table_id=None)
         for f, t in spec.feature_tables.items()
     }
     return dataclasses.replace(spec, feature_to_config_dict=features, table_to_config_dict=tables)
