@@ -1,14 +1,17 @@
 """Large embeddings: tables sharded over 8 devices (ours) vs replicated tables + `jnp.take`.
 
     .venv/bin/python benchmarks/embedding.py [--rounds N] [--quick] [--with-row] [--with-replicated] [--steps N]
-    .venv/bin/python benchmarks/embedding.py --scaling [--rounds N]
+    .venv/bin/python benchmarks/embedding.py --scaling [--rounds N] [--meshes 2x2,4x2]
     .venv/bin/python benchmarks/embedding.py --big-batch [--rounds N]
     .venv/bin/python benchmarks/embedding.py --compile [--rounds N]
 
-`--scaling` prints only a weak-scaling table instead (`weak_scaling`): the
+`--scaling [--meshes 2x2,4x2]` prints only a weak-scaling table instead (`weak_scaling`): the
 per-replica embedding step at 1, 2, 4, 8 devices with a fixed per-device batch,
 ids routed to owners vs the global batch all-gathered vs replicated tables;
-collective bytes per device from the compiled HLO and ms/step. `--big-batch`: the
+collective bytes per device from the compiled HLO and ms/step; also with 2 cores
+per replica (`num_cores_per_replica=2`, "RxM" = replicas x cores: 2x2, 4x2), as the
+estimator runs it: each core looks up its 1/M of the replica's examples, one
+all-gather over "model" rebuilds the replica's activations. `--big-batch`: the
 same step on 8 devices with a global batch of 8,192, routed vs all-gathered, the
 per-round ratio. `--compile`: seconds to compile the per-replica train step of
 26 row-sharded tables (the DLRM example's sizes), all routed. `--fusion [--quick]`:
@@ -287,9 +290,14 @@ def scaling_loss(acts: dict, labels) -> jax.Array:
     return loss_of(logits, labels)
 
 
-def scaling_program(n: int, form: str):
-    """(jitted step (state, ids, labels, step) -> state, initial state) on the first n devices:
-    form "routed" / "all_gather" (sharded tables, the per-replica step) or "replicated"."""
+def scaling_program(n: int, form: str, cores: int = 1):
+    """(jitted step (state, ids, labels, step) -> state, initial state, mesh) on the first n
+    devices: form "routed" / "all_gather" (sharded tables, the per-replica step) or
+    "replicated". `cores` > 1: replicas of that many cores (`num_cores_per_replica`), an
+    (n / cores) x cores ("data", "model") mesh run as the estimator runs it
+    (`scaling_replica_program`)."""
+    if cores > 1:
+        return scaling_replica_program(n // cores, cores, form)
     from tpu_estimator.embedding.lookup import Collectives
     from tpu_estimator.embedding.replica import lookup_in_replica, state_specs, update_in_replica
     from tpu_estimator.embedding.sharded import ShardedTables
@@ -298,19 +306,7 @@ def scaling_program(n: int, form: str):
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:n]), ("data",))
     data, rep = P("data"), P()
     if form == "replicated":
-        tx = optax.adagrad(LR)
-        table = jax.random.normal(jax.random.PRNGKey(0), SCALE_TABLE) / np.sqrt(SCALE_TABLE[1])
-        state = (table, tx.init(table))
-
-        def step(state, ids, labels, step):
-            table, opt = state
-            loss = lambda t: scaling_loss({k: lookup(t, v) for k, v in ids.items()}, labels)  # noqa: E731
-            grads = jax.grad(loss)(table)
-            if n > 1:
-                grads = jax.lax.pmean(grads, "data")  # the dense table gradient, all-reduced
-            updates, opt = tx.update(grads, opt, table)
-            return optax.apply_updates(table, updates), opt
-
+        step, state = replicated_scaling_step(n > 1)
         specs = (rep, rep)
     else:
         tables = ShardedTables(spec, mesh, batch_axis="data", table_axes=("data",))
@@ -328,6 +324,68 @@ def scaling_program(n: int, form: str):
         step = jax.shard_map(step, mesh=mesh, in_specs=(specs, data, data, rep), out_specs=specs, check_vma=False)
     program = jax.jit(step, donate_argnums=0)
     sharding = jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda s: isinstance(s, P))
+    return program, jax.device_put(state, sharding), mesh
+
+
+def replicated_scaling_step(all_reduce: bool):
+    """(the hand-written per-replica step with the table replicated: `jnp.take`, the dense
+    table gradient `pmean`ed over "data" when `all_reduce`, `optax.adagrad`; its state)."""
+    tx = optax.adagrad(LR)
+    table = jax.random.normal(jax.random.PRNGKey(0), SCALE_TABLE) / np.sqrt(SCALE_TABLE[1])
+
+    def step(state, ids, labels, step):
+        table, opt = state
+        loss = lambda t: scaling_loss({k: lookup(t, v) for k, v in ids.items()}, labels)  # noqa: E731
+        grads = jax.grad(loss)(table)
+        if all_reduce:
+            grads = jax.lax.pmean(grads, "data")  # the dense table gradient, all-reduced
+        updates, opt = tx.update(grads, opt, table)
+        return optax.apply_updates(table, updates), opt
+
+    return step, (table, tx.init(table))
+
+
+def scaling_replica_program(replicas: int, cores: int, form: str):
+    """The weak-scaling step with `num_cores_per_replica=cores`: manual over "data", each
+    replica's examples (cores x the per-device batch) split over its cores inside
+    (embedding/replica.py), the tables over every device (`replica_tables`), ids routed
+    ("routed") or the global batch all-gathered ("all_gather") over ("data", "model");
+    "replicated": the hand-written step per replica ("model" left to XLA)."""
+    import dataclasses
+
+    from tpu_estimator.embedding.replica import (
+        lookup_in_replica,
+        replica_collectives,
+        replica_tables,
+        state_specs,
+        table_axes,
+        update_in_replica,
+    )
+    from tpu_estimator.parallel.mesh import Topology
+
+    spec = scaling_spec()
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[: replicas * cores]).reshape(replicas, cores), ("data", "model"))
+    if form == "replicated":
+        step, state = replicated_scaling_step(replicas > 1)
+        specs = placed = (P(), P())
+    else:
+        topology = Topology(mesh, num_hosts=1, host_id=0)
+        tables = replica_tables(spec, topology)
+        coll = dataclasses.replace(replica_collectives(topology),
+                                   routing="owners" if form == "routed" else "all_gather")
+        state = tables.init(jax.random.PRNGKey(0))
+
+        def step(state, ids, labels, step):
+            acts = lookup_in_replica(spec, coll, state, ids, {})
+            grads = jax.grad(lambda a: scaling_loss(a, labels))(acts)
+            return update_in_replica(spec, coll, state, ids, {}, grads, step)
+
+        specs = state_specs(state, tables.plans)  # per replica: manual over "data"
+        placed = state_specs(state, tables.plans, table_axes(topology))  # on the mesh: over every device
+    step = jax.shard_map(step, mesh=mesh, in_specs=(specs, P("data"), P("data"), P()), out_specs=specs,
+                         axis_names={"data"}, check_vma=False)
+    program = jax.jit(step, donate_argnums=0)
+    sharding = jax.tree.map(lambda s: NamedSharding(mesh, s), placed, is_leaf=lambda s: isinstance(s, P))
     return program, jax.device_put(state, sharding), mesh
 
 
@@ -362,16 +420,21 @@ def timed_rounds(made: dict, forms: tuple, rounds: int) -> dict[str, list[float]
     return times
 
 
-def weak_scaling(rounds: int) -> None:
+SCALE_MESHES = ((1, 1), (2, 1), (4, 1), (8, 1), (2, 2), (4, 2))  # (replicas, cores per replica)
+
+
+def weak_scaling(rounds: int, meshes: tuple[tuple[int, int], ...] = SCALE_MESHES) -> None:
+    """The weak-scaling table: per mesh (replicas x cores per replica) the three forms,
+    interleaved, SCALE_PER_DEVICE examples per device (a replica of M cores: M x that)."""
     forms = ("routed", "all_gather", "replicated")
     print(f"weak scaling: jax {jax.__version__}, one table {SCALE_TABLE[0]:,} x {SCALE_TABLE[1]} ('mod'), "
           f"{SCALE_FEATURES} features of width {SCALE_WIDTH} (25% padding), {SCALE_PER_DEVICE} examples per device, "
           f"Adagrad; {SCALE_STEPS} steps per timed call, {rounds} interleaved rounds", flush=True)
     print(f"{'devices':>7} {'form':>11} {'collective MB/device: HLO, one round':>37} {'ms/step median [min-max]':>26}")
-    for n in (1, 2, 4, 8):
-        made, hlo_mb = {}, {}
+    for replicas, cores in meshes:
+        n, made, hlo_mb = replicas * cores, {}, {}
         for form in forms:
-            program, state, mesh = scaling_program(n, form)
+            program, state, mesh = scaling_program(n, form, cores)
             batches = scaling_batches(n, mesh)
             compiled = program.lower(state, *batches[0], jnp.int32(0)).compile()
             hlo_mb[form] = [b / 1e6 for b in collective_bytes(compiled.as_text())]
@@ -383,8 +446,20 @@ def weak_scaling(rounds: int) -> None:
             ms = np.array(times[form])
             total, once = hlo_mb[form]
             spread = f"{np.median(ms):>12.1f} [{ms.min():.1f}-{ms.max():.1f}]"
-            print(f"{n:>7} {form:>11} {total:>28.3f} {once:>8.3f} {spread}", flush=True)
+            print(f"{f'{replicas}x{cores}':>7} {form:>11} {total:>28.3f} {once:>8.3f} {spread}", flush=True)
         del made
+
+
+def parse_meshes(text: str) -> tuple[tuple[int, int], ...]:
+    """"2x1,2x2" -> ((2, 1), (2, 2)): replicas x cores per replica, at most 8 devices each."""
+    meshes = []
+    for item in text.split(","):
+        parts = item.strip().split("x")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts) or int(parts[0]) * int(parts[1]) > 8:
+            raise SystemExit(f"--meshes: expected RxM items (replicas x cores, R*M <= 8) separated by commas; "
+                             f"received {item!r}")
+        meshes.append((int(parts[0]), int(parts[1])))
+    return tuple(meshes)
 
 
 # ---------------------------------------------------------------- a global batch of 8,192 (--big-batch)
@@ -572,7 +647,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5; --quick: 3)")
     parser.add_argument("--quick", action="store_true", help="vocabularies / 10, 3 rounds unless --rounds")
-    parser.add_argument("--scaling", action="store_true", help="only the weak-scaling table (1, 2, 4, 8 devices)")
+    parser.add_argument("--scaling", action="store_true",
+                        help="only the weak-scaling table (1, 2, 4, 8 devices; 2x2 and 4x2 with 2 cores per replica)")
+    parser.add_argument("--meshes", default=None, help="--scaling's meshes, RxM (replicas x cores), e.g. 2x2,4x2")
     parser.add_argument("--with-row", action="store_true", help="also ours with every table row-sharded")
     parser.add_argument("--with-replicated", action="store_true", help="also ours with every table replicated")
     parser.add_argument("--steps", type=int, default=STEPS, help=f"steps per train() call (default {STEPS})")
@@ -582,7 +659,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rounds = args.rounds if args.rounds is not None else 3 if args.quick else 5
     if args.scaling:
-        weak_scaling(rounds)
+        weak_scaling(rounds, parse_meshes(args.meshes) if args.meshes else SCALE_MESHES)
         return 0
     if args.big_batch:
         big_batch(rounds)
