@@ -430,7 +430,8 @@ def weak_scaling(rounds: int, meshes: tuple[tuple[int, int], ...] = SCALE_MESHES
     print(f"weak scaling: jax {jax.__version__}, one table {SCALE_TABLE[0]:,} x {SCALE_TABLE[1]} ('mod'), "
           f"{SCALE_FEATURES} features of width {SCALE_WIDTH} (25% padding), {SCALE_PER_DEVICE} examples per device, "
           f"Adagrad; {SCALE_STEPS} steps per timed call, {rounds} interleaved rounds", flush=True)
-    print(f"{'devices':>7} {'form':>11} {'collective MB/device: HLO, one round':>37} {'ms/step median [min-max]':>26}")
+    print(f"{'devices':>7} {'form':>11} {'collective MB/device: HLO, one round':>37} {'ms/step median [min-max]':>26} "
+          f"{'its time / routed, per round':>29}")
     for replicas, cores in meshes:
         n, made, hlo_mb = replicas * cores, {}, {}
         for form in forms:
@@ -443,10 +444,11 @@ def weak_scaling(rounds: int, meshes: tuple[tuple[int, int], ...] = SCALE_MESHES
             made[form] = [program, state, batches]
         times = timed_rounds(made, forms, rounds)
         for form in forms:
-            ms = np.array(times[form])
+            ms, ratio = np.array(times[form]), np.array(times[form]) / np.array(times["routed"])
             total, once = hlo_mb[form]
-            spread = f"{np.median(ms):>12.1f} [{ms.min():.1f}-{ms.max():.1f}]"
-            print(f"{f'{replicas}x{cores}':>7} {form:>11} {total:>28.3f} {once:>8.3f} {spread}", flush=True)
+            spread = f"{np.median(ms):>12.1f} [{ms.min():.1f}-{ms.max():.1f}]".ljust(26)
+            versus = f"{np.median(ratio):>12.2f} [{ratio.min():.2f}-{ratio.max():.2f}]"
+            print(f"{f'{replicas}x{cores}':>7} {form:>11} {total:>28.3f} {once:>8.3f} {spread} {versus}", flush=True)
         del made
 
 
