@@ -46,7 +46,7 @@ def one_host(tmp_path_factory):
     run). Its model_dir, folder / "b", is continued by two processes in the first test."""
     base = tmp_path_factory.mktemp("one_host")
     with pytest.MonkeyPatch.context() as mp:
-        for variable in ("WORKER_INPUT_MODE", "WORKER_EVAL_MODE", "WORKER_EMBEDDING"):
+        for variable in ("WORKER_INPUT_MODE", "WORKER_EVAL_MODE", "WORKER_EMBEDDING", "WORKER_EVAL_FIRST"):
             mp.delenv(variable, raising=False)
         return run(1, base / "b", 4, base / "one.npz"), base
 
@@ -63,15 +63,15 @@ def test_two_processes_match_one_and_share_checkpoints(tmp_path, one_host):
     np.testing.assert_allclose(
         np.concatenate(per_host), np.load(f"{base / 'one.npz'}.predict0.npy"), rtol=1e-5, atol=1e-6
     )
-    # a checkpoint of two processes evaluated on one: read whatever topology saved it
+    # each continues the other's checkpoint; one process first evaluates the checkpoint of
+    # two as it was saved (read whatever topology saved it)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WORKER_EVAL_ONLY", "1")
-        evaluated = run(1, tmp_path / "a", 4, tmp_path / "e.npz")
+        mp.setenv("WORKER_EVAL_FIRST", "1")
+        one_from_two = run(1, tmp_path / "a", 6, tmp_path / "c.npz")
+    evaluated = dict(np.load(tmp_path / "c.npz.first.npz"))
     assert (evaluated["procs"], evaluated["step"]) == (1, 4)
     for k in ("eval_loss", "eval_accuracy"):
         np.testing.assert_allclose(evaluated[k], two[k], rtol=1e-5, atol=1e-6, err_msg=k)
-    # each continues the other's checkpoint
-    one_from_two = run(1, tmp_path / "a", 6, tmp_path / "c.npz")
     two_from_one = run(2, base / "b", 6, tmp_path / "d.npz")
     assert one_from_two["step"] == two_from_one["step"] == 6
     for k in set(one) - {"procs"}:

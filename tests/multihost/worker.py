@@ -86,12 +86,10 @@ cfg = te.RunConfig(
 est = te.TPUEstimator(
     model_fn, config=cfg, train_batch_size=16, eval_batch_size=16, predict_batch_size=16, embedding_config_spec=SPEC
 )
-if os.environ.get("WORKER_EVAL_ONLY") == "1":  # evaluate the newest checkpoint, train nothing
+if os.environ.get("WORKER_EVAL_FIRST") == "1":  # evaluate the newest checkpoint before training on
     result = est.evaluate(eval_input_fn)
-    np.savez(out, step=result["global_step"], procs=jax.process_count(), eval_loss=result["loss"],
-             eval_accuracy=result["accuracy"])
-    print("worker done", pid, flush=True)
-    sys.exit(0)
+    np.savez(f"{out}.first.npz", step=result["global_step"], procs=jax.process_count(),
+             eval_loss=result["loss"], eval_accuracy=result["accuracy"])
 
 final = FinalState()
 est.train(input_fn, max_steps=int(steps), hooks=[final])
