@@ -105,6 +105,14 @@ class StagedWriter:
         """
         self.wait()
         local = os.path.join(self._root, str(step))
+        if self._several:
+            # Orbax's array-metadata store is one object shared by every handler of
+            # jax.Array, and each PyTree handler made sets which process creates its
+            # directory: a reader's handler made since (a restore) sets process 0, and the
+            # other processes then wait 600 s for a directory that only process 0 would
+            # make, on its own disk. A checkpointer made for each save sets it back.
+            self._checkpointer.close()
+            self._checkpointer = process_parts.checkpointer()
         try:
             self._checkpointer.save(local, args=process_parts.save_args(args) if self._several else args,
                                     force=True)
