@@ -13,7 +13,6 @@ resumes from the newest committed step and ends bit-identical to a clean run.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import pathlib

@@ -11,8 +11,9 @@ after its first loop and, at the end, `OUT.<PID>.json` ({"error": class or null,
 `OUT.npz` (the final parameters, from the state in memory).
 
 `STAGED_FAULT_LOCAL_AT=<step>` replaces this process's local staging directory by a
-file just before that step's save, once the previous save's local copy is gone (committed) (a local disk that cannot be written: the save fails
-in the caller's thread) and writes the time to `OUT.fault`.
+file just before that step's save, once the previous save's local copy is gone
+(committed): a local disk that cannot be written, the save fails in the caller's
+thread. The time of the fault goes to `OUT.fault`.
 """
 
 from __future__ import annotations
