@@ -11,6 +11,14 @@ The "4 processes" cases start 4 processes of 2 CPU devices each (lost host
 deadline `lost_host_timeout_s=10`), each case in its own process with a hard
 timeout (900 s); they report the time from the fault to the last process's exit.
 
+The "gs:// staged" cases (scripts/campaign_staged.py) run 4 processes (or 1) of
+tests/cloud/staged_faults_job.py on the emulator, each behind its own counting proxy:
+a kill mid-upload of a part, a kill of process 0 before the commit marker, the store
+answering 503 mid-save, one process's uploads failing, one process's local staging
+directory unwritable; each reports every process's ending, the time from the fault to
+the last exit, the requests sent meanwhile, and whether restarting all processes
+resumes from the newest committed step bit-identically to a clean run.
+
 For every case it prints how the process ended: our error (its class and first
 line), a clean exit, a HANG (killed after --timeout seconds), or RAW (a
 traceback whose exception is not one of ours, or was raised inside a
@@ -26,10 +34,13 @@ import argparse
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import textwrap
+
+from campaign_staged import STAGED_CASES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -387,22 +398,24 @@ CLUSTER_CASES = {
     "4 processes: SIGTERM one mid-training": case_sigterm_one_of_four_training,
     "4 processes: SIGTERM one during evaluate": case_sigterm_one_of_four_evaluate,
     "4 processes: SIGTERM one during predict": case_sigterm_one_of_four_predict,
+    **STAGED_CASES,  # gs://, staged saves of 1 and 4 processes (scripts/campaign_staged.py)
 }
 
 
-def run_cluster_case(name: str, timeout: float) -> tuple[str, str, str]:
-    """Runs CLUSTER_CASES[name] in its own process: (outcome, seconds from the fault to the last exit, data lost)."""
+def run_cluster_case(name: str, timeout: float) -> tuple[str, str, str, str]:
+    """Runs CLUSTER_CASES[name] in its own process: (outcome, seconds from the fault to the
+    last exit, requests sent meanwhile, data lost)."""
     with tempfile.TemporaryDirectory() as d:
         try:
             out = subprocess.run([sys.executable, __file__, "--cluster-case", name, d], capture_output=True,
                                  text=True, timeout=timeout, cwd=ROOT)
         except subprocess.TimeoutExpired:
-            return "HANG", f"killed after {timeout:.0f} s", "?"
+            return "HANG", f"killed after {timeout:.0f} s", "?", "?"
     lines = out.stdout.strip().splitlines()
     if out.returncode != 0 or not lines:
-        return "RAW (the case failed)", "", (out.stderr.strip().splitlines() or [""])[-1][:160]
-    outcome, secs, lost = lines[-1].split("\t")
-    return outcome, f"{float(secs):.1f} s", lost
+        return "RAW (the case failed)", "", "?", (out.stderr.strip().splitlines() or [""])[-1][:160]
+    outcome, secs, *requests, lost = lines[-1].split("\t")
+    return outcome, f"{float(secs):.1f} s", requests[0] if requests else "- (local disk)", lost
 
 
 # --- the object store (fake-gcs-server behind a proxy, tests/cloud): requests counted ----
@@ -461,8 +474,7 @@ def main() -> int:
     parser.add_argument("--cluster-case", nargs=2, metavar=("NAME", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cluster_case:
-        outcome, secs, lost = CLUSTER_CASES[args.cluster_case[0]](args.cluster_case[1])
-        print(f"{outcome}\t{secs}\t{lost}")
+        print("\t".join(str(v) for v in CLUSTER_CASES[args.cluster_case[0]](args.cluster_case[1])))
         return 0
     bad = 0
     print("| case | outcome | time to exit | requests sent | data lost | detail |")
@@ -477,13 +489,15 @@ def main() -> int:
         bad += outcome.startswith(("HANG", "RAW"))
         print(f"| {name} | {outcome} | {time.monotonic() - t0:.1f} s (whole case) | - (local disk) | - | "
               f"{detail.replace('|', '/')} |", flush=True)
+    os.environ["CAMPAIGN_CACHE"] = cache = tempfile.mkdtemp(prefix="campaign_")  # the clean runs, once
     for name in CLUSTER_CASES:
         if args.k not in name:
             continue
-        outcome, secs, lost = run_cluster_case(name, max(args.timeout, 900))
-        bad += outcome.startswith(("HANG", "RAW"))
-        print(f"| {name} | {outcome} | {secs} after the fault | - (local disk) | {lost.replace('|', '/')} | |",
+        outcome, secs, requests, lost = run_cluster_case(name, max(args.timeout, 900))
+        bad += outcome.startswith(("HANG", "RAW")) or "HANG" in outcome or "RAW" in outcome
+        print(f"| {name} | {outcome} | {secs} after the fault | {requests} | {lost.replace('|', '/')} | |",
               flush=True)
+    shutil.rmtree(cache, ignore_errors=True)
     store = [name for name in STORE_CASES if args.k in name]
     for name, (outcome, secs, requests, lost, detail) in (run_store_cases(store, 600) if store else {}).items():
         bad += outcome.startswith(("HANG", "RAW"))

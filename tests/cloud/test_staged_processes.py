@@ -54,7 +54,8 @@ def _kill(procs: list[subprocess.Popen]) -> None:
 @pytest.fixture(scope="module")
 def two(gcs_server, gs_module_dir, tmp_path_factory):
     """Two processes train 8 steps (checkpoints 0, 4, 8), then evaluate with a new
-    estimator: (model_dir, their results, the requests of each step directory)."""
+    estimator and train it on to step 12: (model_dir, their results, the requests of each
+    step directory up to checkpoint 8's commit marker)."""
     model_dir, out = f"{gs_module_dir}/two", str(tmp_path_factory.mktemp("two") / "out")
     proxy = StoreProxy(gcs_server)
     procs = _start([proxy] * NPROC, model_dir, out)
@@ -103,22 +104,24 @@ def test_a_save_uploads_each_file_once_and_a_constant_set(two):
 def test_restored_onto_two_processes_and_onto_one(two):
     """The two processes' evaluation of checkpoint 8 restored from the store equals theirs
     of the trained state in memory; on this process (8 devices) the checkpoint gives the
-    trained parameters exactly, and the whole merged state (optimizer slots included)
-    reads back."""
+    trained parameters exactly; the two processes' save after that restore (checkpoint 12)
+    is committed, and its whole state (optimizer slots included) reads back here."""
     model_dir, results, _, _ = two
     np.testing.assert_array_equal(results["loss_restored"], results["loss_in_memory"])
-    est = te.TPUEstimator(cm.model_fn, config=te.RunConfig(model_dir=model_dir), train_batch_size=16)
-    assert est.latest_checkpoint() == f"{model_dir}/8"
     names = [n for n in results if not n.startswith("loss")]
     assert len(names) == 4, names
     for name in names:
-        np.testing.assert_array_equal(est.get_variable_value(name), results[name], err_msg=name)
+        np.testing.assert_array_equal(te.load_variable(f"{model_dir}/8", name), results[name], err_msg=name)
+    # the two processes then trained on from checkpoint 8 and saved 12 (before the fix,
+    # process 1 waited 600 s for a metadata directory only process 0 makes, and the save failed)
+    est = te.TPUEstimator(cm.model_fn, config=te.RunConfig(model_dir=model_dir), train_batch_size=16)
+    assert est.latest_checkpoint() == f"{model_dir}/12"
     reader = Checkpointer(model_dir, read_only=True)
     try:
-        raw = reader.restore_raw(8)
+        raw = reader.restore_raw(12)
     finally:
         reader.close()
-    assert int(raw["step"]) == 8
+    assert int(raw["step"]) == 12
     params = sorted(a.shape for a in jax.tree.leaves(raw["params"]))
     slots = sorted(a.shape for a in jax.tree.leaves(raw["opt_state"]) if np.ndim(a))
     assert len(params) == 4 and slots == sorted(params * 2), (params, slots)  # Adam's mu and nu

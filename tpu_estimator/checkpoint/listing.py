@@ -88,10 +88,20 @@ def read_bytes(root: str, name: str) -> bytes:
 
 
 def write_bytes(root: str, name: str, data: bytes) -> None:
-    """Writes file `name` under `root` whole (one upload on an object store)."""
+    """Writes file `name` under `root` whole (one upload on an object store). Locally the
+    file and its directory entry are on disk (fsync) when it returns, so that a rename
+    that follows (Orbax's commit of a step) never publishes it unwritten after a crash."""
     if is_local(root):
-        with open(os.path.join(_local_path(root), name), "wb") as f:
+        path = os.path.join(_local_path(root), name)
+        with open(path, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        folder = os.open(os.path.dirname(path), os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
         return
     import fsspec
 

@@ -26,10 +26,11 @@ processes goes:
    commit marker, last;
 5. a second barrier: every process's save ends once the step is committed.
 
-A process that dies before 3. (or fails before its background part starts: a local
-staging directory that cannot be written) leaves the others waiting at the barrier
-(Orbax's save timeout, or until JAX's heartbeat ends them) and no commit marker: no
-step a reader takes.
+A process whose local save cannot start (its staging directory cannot be written)
+still takes part in both barriers, its failure as its outcome (staging.py): every
+process raises it at its next wait. A process that dies before 3. leaves the others
+waiting at the barrier until JAX's heartbeat ends them (`lost_host_timeout_s`; Orbax's
+save timeout otherwise) and no commit marker: no step a reader takes.
 """
 
 from __future__ import annotations

@@ -101,15 +101,33 @@ class StagedWriter:
         """Starts saving `args` (an `ocp.args.Composite`) as `step`; waits for the previous save.
 
         Raises:
-          CheckpointStorageError: the local staging directory cannot be written.
+          CheckpointStorageError: the local staging directory cannot be written (with
+            several processes: raised by the next `wait()` of every process, naming the
+            process and its directory).
         """
         self.wait()
         local = os.path.join(self._root, str(step))
+        if self._several:
+            # Orbax's array-metadata store is one object shared by every handler of
+            # jax.Array, and each PyTree handler made sets which process creates its
+            # directory: a reader's handler made since (a restore) sets process 0, and the
+            # other processes then wait 600 s for a directory that only process 0 would
+            # make, on its own disk. A checkpointer made for each save sets it back.
+            self._checkpointer.close()
+            self._checkpointer = process_parts.checkpointer()
         try:
             self._checkpointer.save(local, args=process_parts.save_args(args) if self._several else args,
                                     force=True)
         except OSError as e:
-            raise _local_error(local, e) from e
+            if not self._several:
+                raise _local_error(local, e) from e
+            # The other processes are saving this step and wait for this part at the
+            # barrier: the failure goes there (process_parts.finish), so that every process
+            # raises it at its next wait, at the same step, and nothing is committed.
+            failed = _local_error(local, e)
+            failed.__cause__ = e
+            self._pending = self._pool.submit(self._finish, step, local, input_saved, failed)
+            return
         self._pending = self._pool.submit(self._finish, step, local, input_saved)
 
     def wait(self) -> None:
@@ -127,11 +145,12 @@ class StagedWriter:
             self._checkpointer.close()
             self._cleanup()
 
-    def _finish(self, step: int, local: str, input_saved: bool) -> None:
+    def _finish(self, step: int, local: str, input_saved: bool,
+                failed: CheckpointStorageError | None = None) -> None:
         remote = f"{self.directory}/{step}"
         if self._several:  # each process its part; process 0 merges, records, commits
             process_parts.finish(local, remote, input_saved=input_saved,
-                                 written=lambda: self._written(local), upload=_put, commit=_commit)
+                                 written=lambda: self._written(local, failed), upload=_put, commit=_commit)
         else:
             self._written(local)
             try:
@@ -145,8 +164,11 @@ class StagedWriter:
             self._saved[step] = time.time()
         self._delete_old()
 
-    def _written(self, local: str) -> None:
-        """Waits until Orbax has written the local copy `local`."""
+    def _written(self, local: str, failed: CheckpointStorageError | None = None) -> None:
+        """Waits until Orbax has written the local copy `local` (raises `failed`: its save
+        could not start)."""
+        if failed is not None:
+            raise failed
         try:
             self._checkpointer.wait_until_finished()
         except OSError as e:
