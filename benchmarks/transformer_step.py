@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/transformer_step.py [--devices 8] [--ipl 2] [--calls 2] [--rounds 9]
         [--contenders gspmd-rep,est-rep,manual-rep,train-rep,gspmd-fsdp,est-fsdp,manual-fsdp,ar-fsdp,train-fsdp]
-        [--dump DIR]
+        [--dump DIR] [--profile DIR]
 
 The model of benchmarks/transformer.py at `--size cpu` (4.2M parameters, batch
 32 x 128), AdamW, one block of `--ipl` stacked batches per program call,
@@ -13,10 +13,14 @@ divisible dimension, the library's and benchmarks/transformer.py's rule):
   gspmd   hand-written: jit(lax.scan(step)), parameters placed by NamedSharding (GSPMD)
   est     the estimator's own train program (loops/train.py `scan_program`, built
           from the library's modules as the estimator builds it), called directly
-  manual  hand-written in the estimator's form: shard_map manual over "data";
+  manual  hand-written in the estimator's form off XLA:CPU: shard_map manual over "data";
           fsdp gathers the parameters in the loss (reduce-scatter as its transpose)
   ar      as manual, but the gradients of the whole parameters all-reduced in one
-          op and sliced (GSPMD's form of the gradient reduction)
+          op and sliced (GSPMD's form of the gradient reduction; the estimator's on
+          XLA:CPU since parallel/collectives.py reduces_whole_gradients)
+  rs      gathered before the loss, each whole gradient reduce-scattered
+  rsb     as rs, an optimization barrier on the whole gradients first (XLA:CPU's
+          schedule still interleaves the reduce-scatters with the backward pass)
   train   TPUEstimator.train(steps=calls * ipl): the program plus train()'s
           per-call work (feeding, the final checkpoint)
 
@@ -25,7 +29,9 @@ Printed per contender: wall and process CPU seconds per timed call (median
 per round. On a shared machine the CPU seconds (all threads of this process)
 are the measure that does not depend much on the load; wall time does.
 `--dump DIR` writes each program's optimized HLO and prints its
-`cost_analysis()` flops and bytes.
+`cost_analysis()` flops and bytes. `--profile DIR` traces one more call of each
+(jax.profiler) and prints the time of XLA:CPU's thunks summed over the device
+threads by HLO op kind (a collective's time includes its wait at the rendezvous).
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--contenders", default="gspmd-rep,est-rep,manual-rep,gspmd-fsdp,est-fsdp,manual-fsdp")
     p.add_argument("--dump", default=None, help="a folder for each program's optimized HLO")
+    p.add_argument("--profile", default=None,
+                   help="a folder: each contender traced once (jax.profiler) after the rounds, "
+                        "its trace events' time summed by HLO op kind and printed")
     return p.parse_args(argv)
 
 
@@ -134,7 +143,14 @@ def main(argv=None) -> int:
 
         def step(state, b):
             p, opt = state
-            if form == "ar":  # whole gradients all-reduced in one op, each replica keeps its shard
+            if form in ("rs", "rsb"):  # gathered outside the loss; whole gradients reduce-scattered
+                loss, whole = jax.value_and_grad(loss_of)(gather(p) if fsdp else p, b[0]["tokens"], b[1])
+                if form == "rsb":  # every gradient computed before the first reduce-scatter
+                    whole = lax.optimization_barrier(whole)
+                g = jax.tree.map(lambda x, s: lax.pmean(x, "data") if axis(s) is None else
+                                 lax.psum_scatter(x, "data", scatter_dimension=axis(s), tiled=True) / n, whole, specs)
+                loss = lax.pmean(loss, "data")
+            elif form == "ar":  # whole gradients all-reduced in one op, each replica keeps its shard
                 loss, whole = jax.value_and_grad(loss_of)(gather(p) if fsdp else p, b[0]["tokens"], b[1])
                 whole, i = lax.pmean(whole, "data"), lax.axis_index("data")
                 g = jax.tree.map(lambda x, s, part: x if axis(s) is None else lax.dynamic_slice_in_dim(
@@ -219,7 +235,35 @@ def main(argv=None) -> int:
         rc = [a / b for a, b in zip(cpu[first], cpu[name])]
         print(f"  {name:12s} wall {spread(wall[name], '.3f')} s  cpu {spread(cpu[name], '.3f')} s  "
               f"{first}/{name}: wall {spread(rw, '.3f')}  cpu {spread(rc, '.3f')}")
+    if args.profile:
+        for name, fn in calls.items():
+            folder = os.path.join(args.profile, name)
+            with jax.profiler.trace(folder):
+                fn()
+            print(f"  {name:12s} trace, ms per timed call summed over threads: {op_times(folder)}")
     return 0
+
+
+def op_times(folder: str, top: int = 8) -> str:
+    """The trace's events named after HLO ops (XLA:CPU's thunks), their durations summed by
+    op kind (the name up to its first '.', digits dropped), in ms: the largest `top`, and
+    "threads", the number of timelines they ran on."""
+    import glob
+    import re
+    from collections import Counter
+
+    import jax
+
+    path = sorted(glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True))[-1]
+    data = jax.profiler.ProfileData.from_file(path)
+    kinds: Counter = Counter()
+    for plane in data.planes:
+        for line in plane.lines:
+            for event in line.events:
+                name = event.name
+                if re.match(r"^[a-z][\w\-]*(\.\d+)*$", name):  # an HLO instruction's name
+                    kinds[re.sub(r"[._]?\d+$", "", name.split(".")[0])] += event.duration_ns / 1e6
+    return ", ".join(f"{k} {v:.0f}" for k, v in kinds.most_common(top))
 
 
 if __name__ == "__main__":
