@@ -63,12 +63,12 @@ class Probe(te.SessionRunHook):
         self.program = session.runtime(te.ModeKeys.TRAIN).program("scan")
 
 
-def train(model_dir, sharding, *, steps=4, use_tpu=True, cores=None, params=None, strategy="scan"):
+def train(model_dir, sharding, *, steps=4, use_tpu=True, cores=None, params=None, strategy="scan", accumulation=1):
     cfg = te.RunConfig(
         model_dir=str(model_dir), log_step_count_steps=None,
         tpu_config=te.TPUConfig(
             iterations_per_loop=2, num_cores_per_replica=cores, moving_average_decay=0.9,
-            parameter_sharding=sharding, loop_strategy=strategy,
+            parameter_sharding=sharding, loop_strategy=strategy, gradient_accumulation_steps=accumulation,
         ),
     )
     est = te.TPUEstimator(
@@ -163,6 +163,16 @@ def test_parameters_are_gathered_in_every_step_of_the_scan(runs):
     assert "all-gather" not in outside  # not once for the whole program
     inside, outside = compiled_collectives(runs["replicated"][2])
     assert inside == {"all-reduce"} and "all-gather" not in outside
+
+
+def test_composes_with_gradient_accumulation(tmp_path):
+    """Micro-batches of the gathered parameters (gathered once per step on XLA:CPU): the
+    same losses and weights as "replicated" with the same accumulation."""
+    (_, rep), (fsdp, probe) = (train(tmp_path / s, s, steps=2, accumulation=2) for s in ("replicated", "fsdp"))
+    np.testing.assert_allclose(probe.losses, rep.losses, rtol=1e-5, atol=1e-6)
+    for (name, x), (_, y) in zip(leaves(probe.state), leaves(rep.state)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-6, err_msg=name)
+    assert fsdp.get_variable_value("global_step") == 2
 
 
 def test_checkpoints_move_to_replicated_and_to_one_device(runs, tmp_path):
