@@ -13,11 +13,11 @@ divisible dimension, the library's and benchmarks/transformer.py's rule):
   gspmd   hand-written: jit(lax.scan(step)), parameters placed by NamedSharding (GSPMD)
   est     the estimator's own train program (loops/train.py `scan_program`, built
           from the library's modules as the estimator builds it), called directly
-  manual  hand-written in the estimator's form off XLA:CPU: shard_map manual over "data";
+  manual  hand-written in the estimator's form: shard_map manual over "data";
           fsdp gathers the parameters in the loss (reduce-scatter as its transpose)
   ar      as manual, but the gradients of the whole parameters all-reduced in one
-          op and sliced (GSPMD's form of the gradient reduction; the estimator's on
-          XLA:CPU since parallel/collectives.py reduces_whole_gradients)
+          op and sliced (GSPMD's form of the gradient reduction; tried for the
+          estimator on XLA:CPU and not adopted: benchmarks/RESULTS.md, "fsdp on XLA:CPU")
   rs      gathered before the loss, each whole gradient reduce-scattered
   rsb     as rs, an optimization barrier on the whole gradients first (XLA:CPU's
           schedule still interleaves the reduce-scatters with the backward pass)

@@ -166,7 +166,7 @@ def test_parameters_are_gathered_in_every_step_of_the_scan(runs):
 
 
 def test_composes_with_gradient_accumulation(tmp_path):
-    """Micro-batches of the gathered parameters (gathered once per step on XLA:CPU): the
+    """Micro-batches with sharded parameters (gathered inside each micro-batch's loss): the
     same losses and weights as "replicated" with the same accumulation."""
     (_, rep), (fsdp, probe) = (train(tmp_path / s, s, steps=2, accumulation=2) for s in ("replicated", "fsdp"))
     np.testing.assert_allclose(probe.losses, rep.losses, rtol=1e-5, atol=1e-6)
