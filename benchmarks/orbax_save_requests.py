@@ -26,7 +26,7 @@ def main() -> None:
     from tests.cloud import conftest
     from store_proxy import StoreProxy
 
-    server, upstream = conftest._start(os.path.join(tempfile.mkdtemp(), "server.log"))
+    server, upstream = conftest.start_emulator(os.path.join(tempfile.mkdtemp(), "server.log"))
     proxy = StoreProxy(upstream)
     os.environ.update({
         "STORAGE_EMULATOR_HOST": proxy.url, "TENSORSTORE_GCS_HTTP_URL": proxy.url,

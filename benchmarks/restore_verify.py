@@ -74,7 +74,7 @@ def main() -> None:
         else:
             from tests.cloud import conftest
 
-            server, url = conftest._start(os.path.join(tempfile.mkdtemp(), "server.log"))
+            server, url = conftest.start_emulator(os.path.join(tempfile.mkdtemp(), "server.log"))
             os.environ.update({"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
                                "TENSORSTORE_GCS_HTTP_VERSION": "1", "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator"})
             try:

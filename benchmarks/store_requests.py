@@ -36,12 +36,9 @@ def main() -> None:
     from request_job import measure
     from store_proxy import StoreProxy
 
-    server, upstream = conftest._start(os.path.join(tempfile.mkdtemp(), "server.log"))
+    server, upstream = conftest.start_emulator(os.path.join(tempfile.mkdtemp(), "server.log"))
     proxy = StoreProxy(upstream, fail_every=args.fail_every)
-    os.environ.update({
-        "STORAGE_EMULATOR_HOST": proxy.url, "TENSORSTORE_GCS_HTTP_URL": proxy.url,
-        "TENSORSTORE_GCS_HTTP_VERSION": "1", "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
-    })
+    os.environ.update(conftest.client_env(proxy.url))
     try:
         t = time.perf_counter()
         out = measure(proxy, f"gs://{conftest.BUCKET}/{uuid.uuid4().hex[:8]}")

