@@ -60,8 +60,7 @@ est.train(cm.train_input_fn, max_steps=STEPS, hooks=[final])
 phase("train.end")
 in_memory = est.evaluate(cm.eval_input_fn)["loss"]  # the trained state, no restore
 phase("evaluate_in_memory.end")
-params = jax.tree.map(np.asarray, jax.device_get(final.state.params))
-flat = {"/".join(str(k.key) for k in p): v for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+flat = final.params_by_name()
 fresh = te.TPUEstimator(cm.model_fn, config=cfg, train_batch_size=16, eval_batch_size=16)
 phase("latest_checkpoint.start")
 fresh.latest_checkpoint()

@@ -92,7 +92,5 @@ with open(f"{out}.{pid}.json", "w") as f:
 if error is not None:
     raise error
 if jax.process_index() == 0:
-    params = jax.tree.map(np.asarray, jax.device_get(final.state.params))
-    np.savez(f"{out}.npz", **{"/".join(str(k.key) for k in p): v
-                              for p, v in jax.tree_util.tree_flatten_with_path(params)[0]})
+    np.savez(f"{out}.npz", **final.params_by_name())
 print("job done", pid, flush=True)

@@ -96,9 +96,8 @@ est.train(input_fn, max_steps=int(steps), hooks=[final])
 result = est.evaluate(eval_input_fn)
 logits = np.stack([p["logits"] for p in est.predict(predict_input_fn)])
 np.save(f"{out}.predict{pid}.npy", logits)
-params = jax.tree.map(np.asarray, jax.device_get(final.state.params))
+flat = final.params_by_name()
 if jax.process_index() == 0:
-    flat = {"/".join(str(k.key) for k in p): v for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
     if EMBEDDING:
         flat["table"] = est.get_variable_value("embedding/ids")
     np.savez(
