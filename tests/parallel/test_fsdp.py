@@ -5,6 +5,7 @@ weights; composes with num_cores_per_replica."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import re
 import shutil
@@ -18,6 +19,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import tpu_estimator as te
+from tpu_estimator.loops import train as train_loops
 from tpu_estimator.parallel import partitioning
 from tpu_estimator.parallel.mesh import Topology
 
@@ -142,7 +144,7 @@ def loop_body_collectives(hlo):
             body.add(n)
             todo += re.findall(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)", blocks[n])
     ops = r"\b(all-gather|reduce-scatter|all-reduce)(?:-start)?\("
-    inside = {op for n in body for op in re.findall(ops, blocks[n])}
+    inside = collections.Counter(op for n in body for op in re.findall(ops, blocks[n]))
     outside = {op for n in blocks if n not in body for op in re.findall(ops, blocks[n])}
     return inside, outside
 
@@ -159,10 +161,24 @@ def compiled_collectives(probe):
 
 def test_parameters_are_gathered_in_every_step_of_the_scan(runs):
     inside, outside = compiled_collectives(runs["fsdp"][2])
-    assert {"all-gather", "reduce-scatter"} <= inside  # per step, in the loop's body
+    # XLA:CPU (collectives.reduces_whole_gradients): per step, in the loop's body, one
+    # all-gather per split parameter and the gradients' all-reduces combined into one
+    assert inside == {"all-gather": len(BIG), "all-reduce": 1}, inside
     assert "all-gather" not in outside  # not once for the whole program
     inside, outside = compiled_collectives(runs["replicated"][2])
-    assert inside == {"all-reduce"} and "all-gather" not in outside
+    assert set(inside) == {"all-reduce"} and "all-gather" not in outside
+
+
+def test_the_reduce_scatter_form_of_other_backends(runs, tmp_path, monkeypatch):
+    """Off XLA:CPU the parameters are gathered in the loss and each gradient is
+    reduce-scattered (the gather's transpose): forced here, the same results."""
+    monkeypatch.setattr(train_loops, "reduces_whole_gradients", lambda: False)
+    _, probe = train(tmp_path, "fsdp")
+    np.testing.assert_allclose(probe.losses, runs["replicated"][2].losses, rtol=1e-5, atol=1e-6)
+    for (name, x), (_, y) in zip(leaves(probe.state), leaves(runs["fsdp"][2].state)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-6, err_msg=name)
+    inside, _ = compiled_collectives(probe)
+    assert inside == {"all-gather": len(BIG), "reduce-scatter": len(BIG), "all-reduce": 1}, inside
 
 
 def test_composes_with_gradient_accumulation(tmp_path):

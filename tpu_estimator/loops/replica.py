@@ -8,8 +8,8 @@ shardings and the input constraints say.
 With `parameter_sharding="fsdp"` the state's large leaves are split over
 "data" too: they enter the per-replica program as this replica's shards
 (`Placement.replica_specs`), the training step gathers the parameters where it
-uses them and reduce-scatters their gradients (`Placement.param_shards`,
-parallel/collectives.py), and the optimizer updates the shards.
+uses them and reduce-scatters their gradients (on XLA:CPU: all-reduces and slices
+them; `Placement.param_shards`, parallel/collectives.py), and the optimizer updates the shards.
 """
 
 from __future__ import annotations

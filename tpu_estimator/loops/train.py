@@ -32,7 +32,13 @@ from tpu_estimator.loops.replica import (
 from tpu_estimator.model.module import BoundModel
 from tpu_estimator.model.spec_view import SpecView
 from tpu_estimator.model.state import TrainState
-from tpu_estimator.parallel.collectives import gather_shards, replica_mean, shard_mean
+from tpu_estimator.parallel.collectives import (
+    gather_shards,
+    reduces_whole_gradients,
+    replica_mean,
+    shard_mean,
+    slice_mean,
+)
 from tpu_estimator.parallel.mesh import Topology
 from tpu_estimator.summary.collect import collecting
 from tpu_estimator.summary.collect import replicate as replicate_summaries
@@ -59,7 +65,8 @@ def train_step(
     `shards` (the parameters' specs, "fsdp"): `state.params` and the optimizer state
     are this replica's shards; model_fn sees the whole parameters (all-gathered in
     the loss, so the gradients come back reduce-scattered to the shards: the
-    gather's transpose) and the optimizer updates the shards.
+    gather's transpose; on XLA:CPU gathered before the loss, the whole gradients
+    all-reduced and sliced: `reduces_whole_gradients`) and the optimizer updates the shards.
     With `model.accumulation_steps` k > 1 the gradients are those of k
     micro-batches (loops/accumulate.py, split on `batch_axes`); with
     `model.remat_policy` the forward pass is rematerialized (`jax.checkpoint`).
@@ -71,10 +78,14 @@ def train_step(
     found: dict[str, SpecView] = {}
     features, inputs = components.split(model.components, state.extras, features)
     acts = components.activations(model.components, state.extras, inputs)
+    # "fsdp" on XLA:CPU: gathered once before the loss, whole gradients all-reduced (see
+    # parallel/collectives.py reduces_whole_gradients); elsewhere gathered in the loss.
+    whole = shards is not None and reduces_whole_gradients()
+    params = gather_shards(state.params, shards) if whole else state.params
 
     def loss_fn(params: Any, acts: dict[str, Any], features: Any, labels: Any, collections: Any, rng: Any) -> Any:
         with collecting() as summaries:
-            variables = {"params": gather_shards(params, shards), **collections}
+            variables = {"params": params if whole else gather_shards(params, shards), **collections}
             spec, mutated = model.apply(
                 variables, components.merged(features, acts), labels, rng=rng, mutable=mutable
             )
@@ -86,11 +97,11 @@ def train_step(
         loss_fn = jax.checkpoint(loss_fn, policy=checkpoint_policy(model.remat_policy))
     grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
     loss, mutated, host_tensors, summaries, grads, act_grads = accumulate(
-        grad_fn, model.accumulation_steps, state.params, acts, (features, labels), state.collections, rng,
+        grad_fn, model.accumulation_steps, params, acts, (features, labels), state.collections, rng,
         batch_axes,
     )
     tx = found["spec"].train_op
-    grads = shard_mean(grads, shards)
+    grads = slice_mean(grads, shards) if whole else shard_mean(grads, shards)
     if shards is not None:
         check_elementwise(tx, grads, state.opt_state, state.params)
     (grads, act_grads), apply, extras = components.gradients(model.components, state.extras, (grads, act_grads))

@@ -79,6 +79,40 @@ def gather_shards(tree: Any, specs: Any) -> Any:
     return _each(lambda x, a: x if a is None else lax.all_gather(x, DATA, axis=a, tiled=True), tree, specs)
 
 
+def reduces_whole_gradients() -> bool:
+    """Whether the "fsdp" step gathers the parameters before its loss and all-reduces the
+    whole gradients (`slice_mean`), rather than gathering inside the loss and
+    reduce-scattering each gradient (`shard_mean`): on XLA:CPU only.
+
+    The fake devices of XLA:CPU share the host's memory, so an all-reduce's extra bytes
+    are memory copies, while every collective is a rendezvous of all device threads: XLA
+    combines the step's all-reduces into one, but not its ~one reduce-scatter per leaf,
+    each met in the middle of the backward pass (benchmarks/RESULTS.md, "fsdp on XLA:CPU:
+    one all-reduce of the gradients"). On an interconnect a reduce-scatter moves half an
+    all-reduce's bytes and each device holds only its shard of a gradient once reduced.
+    """
+    return jax.default_backend() == "cpu"
+
+
+def slice_mean(grads: Any, specs: Any) -> Any:
+    """The replicas' mean of gradients with respect to the whole parameters (gathered by
+    `gather_shards` before the loss), cut to this replica's shards: every leaf averaged
+    over replicas (`lax.pmean`: one all-reduce once XLA combines them) and a leaf split over
+    "data" sliced to this replica's part of its split dimension."""
+    if specs is None or _single():
+        return replica_mean(grads)
+    mean, i = lax.pmean(grads, DATA), lax.axis_index(DATA)
+    n = lax.axis_size(DATA)
+
+    def cut(g: Any, axis: int | None) -> Any:
+        if axis is None:
+            return g
+        size = g.shape[axis] // n
+        return lax.dynamic_slice_in_dim(g, i * size, size, axis)
+
+    return _each(cut, mean, specs)
+
+
 def shard_mean(grads: Any, specs: Any) -> Any:
     """The replicas' mean of gradients with respect to this replica's shards, as
     differentiating through `gather_shards` gives them: a leaf split over "data" already
