@@ -15,6 +15,12 @@ dependent on this machine's speed:
   in loop / once  collective result bytes per device in the compiled HLO
              (all-gather, reduce-scatter, all-reduce), inside the scan's
              while body (paid every step) and outside it (once per program)
+
+Settings: "replicated", "fsdp" (on XLA:CPU: the parameters gathered before the loss and
+the whole gradients all-reduced, then sliced: parallel/collectives.py
+`reduces_whole_gradients`), and "fsdp-rs": "fsdp" in the form the other backends
+compile (gathered inside the loss, each gradient reduce-scattered), forced here on
+XLA:CPU as tests/parallel/test_fsdp.py forces it.
 """
 
 from __future__ import annotations
@@ -105,7 +111,10 @@ def measure(sharding: str) -> dict:
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     import tpu_estimator as te
+    from tpu_estimator.loops import train as train_loops
 
+    if sharding == "fsdp-rs":  # the reduce-scatter form of the accelerators, on XLA:CPU
+        train_loops.reduces_whole_gradients = lambda: False
     n = jax.device_count()
     batch = BATCH_PER_DEVICE * n
     rng = np.random.RandomState(0)
@@ -129,7 +138,8 @@ def measure(sharding: str) -> dict:
 
     cfg = te.RunConfig(
         model_dir=tempfile.mkdtemp(), log_step_count_steps=None, save_checkpoints_steps=None,
-        tpu_config=te.TPUConfig(iterations_per_loop=STEPS, loop_strategy="scan", parameter_sharding=sharding),
+        tpu_config=te.TPUConfig(iterations_per_loop=STEPS, loop_strategy="scan",
+                                  parameter_sharding=sharding.split("-")[0]),
     )
     est = te.TPUEstimator(model_fn, config=cfg, train_batch_size=batch)
     probe = Probe()
@@ -178,7 +188,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.child)))
         return
-    rows = [_child(n, s) for n in args.devices for s in ("replicated", "fsdp")]
+    rows = [_child(n, s) for n in args.devices for s in ("replicated", "fsdp", "fsdp-rs")]
     if args.json:
         print(json.dumps(rows, indent=1))
     print(f"MLP {'-'.join(map(str, WIDTHS))}, {rows[0]['params']:,} params, Adam; "
