@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/transformer.py [--size cpu] [--devices 8] [--rounds 5]
         [--parameter_sharding fsdp] [--precision_policy mixed_bfloat16] [--remat_policy full]
-        [--batch N] [--peak_tflops 989] [--no-marginal]
+        [--batch N] [--peak_tflops 989] [--no-marginal] [--canonical-dense]
 
 The model of examples/transformer_lm.py (a `--size`: "cpu" is small enough for
 this 2-core machine; "100m" the ~110M-parameter one for an accelerator), the
@@ -66,6 +66,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--remat_policy", default=None)
     p.add_argument("--batch", type=int, default=None, help="sequences per step (default: the size's)")
     p.add_argument("--peak_tflops", type=float, default=None, help="the device's dense peak, for MFU")
+    p.add_argument("--canonical-dense", action="store_true",
+                   help="an experiment: the MLP's weight gradients as canonical dots in every contender "
+                        "(canonical_dense; benchmarks/RESULTS.md)")
     p.add_argument("--no-marginal", dest="marginal", action="store_false",
                    help="skip the calls of 2 x --steps steps (no per-step ratio)")
     return p.parse_args(argv)
@@ -79,12 +82,51 @@ def load_example():
     return module
 
 
+def canonical_dense(lm) -> None:
+    """The example module's `nn.Dense` with a dot whose weight gradient XLA:CPU runs as a
+    YNNPACK dot: JAX's transpose of `x @ w` gives `transpose(dot(g, x))`, which XLA's
+    algebraic simplifier folds into one dot with both operands transposed, a form YNNPACK
+    does not take (XLA falls back to Eigen's dot, ~2x the time at these shapes). An
+    optimization barrier between the dot and the transpose keeps the canonical dot, as
+    GSPMD's all-reduce does in the partitioned program."""
+    import functools
+    import types
+
+    import flax.linen as nn
+    import jax
+    from jax import lax
+
+    @jax.custom_vjp
+    def matmul(x, w):
+        return lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
+
+    def backward(res, g):
+        x, w = res
+        batch = tuple(range(x.ndim - 1))
+        dwt = lax.optimization_barrier(lax.dot_general(g, x, ((batch, batch), ((), ()))))  # [out, in]
+        return lax.dot_general(g, w, (((g.ndim - 1,), (1,)), ((), ()))), dwt.T
+
+    matmul.defvjp(lambda x, w: (matmul(x, w), (x, w)), backward)
+
+    def dot_general(x, w, dims, precision=None, preferred_element_type=None):
+        if dims == (((x.ndim - 1,), (0,)), ((), ())) and w.ndim == 2:
+            return matmul(x, w)
+        return lax.dot_general(x, w, dims, precision=precision, preferred_element_type=preferred_element_type)
+
+    layers = types.SimpleNamespace(**{k: getattr(nn, k) for k in dir(nn) if not k.startswith("__")})
+    layers.Dense = functools.partial(nn.Dense, dot_general=dot_general)
+    lm.nn = layers
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
     ).strip()
-    lm = load_example()  # (it asks for 8 CPU devices if XLA_FLAGS has none: ours comes first)
+    lm = load_example()
+    if args.canonical_dense:
+        canonical_dense(lm)
+    # (the example asks for 8 CPU devices if XLA_FLAGS has none: ours comes first)
     import jax
     import jax.numpy as jnp
     import numpy as np

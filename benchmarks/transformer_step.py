@@ -18,6 +18,9 @@ divisible dimension, the library's and benchmarks/transformer.py's rule):
   ar      as manual, but the gradients of the whole parameters all-reduced in one
           op and sliced (GSPMD's form of the gradient reduction; tried for the
           estimator on XLA:CPU and not adopted: benchmarks/RESULTS.md, "fsdp on XLA:CPU")
+  vmap    GSPMD as gspmd, the model called once per replica (`jax.vmap` over the
+          replicas' batches, spmd_axis_name "data"): model_fn's per-replica view in
+          GSPMD form (tried for the estimator; slower: every op gains a rank)
   rs      gathered before the loss, each whole gradient reduce-scattered
   rsb     as rs, an optimization barrier on the whole gradients first (XLA:CPU's
           schedule still interleaves the reduce-scatters with the backward pass)
@@ -28,7 +31,10 @@ Printed per contender: wall and process CPU seconds per timed call (median
 [min-max] over interleaved rounds) and the ratio first contender / this one
 per round. On a shared machine the CPU seconds (all threads of this process)
 are the measure that does not depend much on the load; wall time does.
-`--dump DIR` writes each program's optimized HLO and prints its
+`--canonical-dense` (an experiment, benchmarks/RESULTS.md "fsdp on XLA:CPU: the weight
+gradients' dots"): the example's `nn.Dense` layers (the MLP) given a dot whose VJP computes
+the weight gradient as a canonical dot, then transposes it behind an optimization barrier,
+in every contender. `--dump DIR` writes each program's optimized HLO and prints its
 `cost_analysis()` flops and bytes. `--profile DIR` traces one more call of each
 (jax.profiler) and prints the time of XLA:CPU's thunks summed over the device
 threads by HLO op kind (a collective's time includes its wait at the rendezvous).
@@ -45,7 +51,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from transformer import load_example  # noqa: E402  (imports no JAX: XLA_FLAGS are set first)
+from transformer import canonical_dense, load_example  # noqa: E402  (imports no JAX: XLA_FLAGS are set first)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -55,6 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=2, help="program calls per timed call")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--contenders", default="gspmd-rep,est-rep,manual-rep,gspmd-fsdp,est-fsdp,manual-fsdp")
+    p.add_argument("--canonical-dense", action="store_true",
+                   help="the MLP's weight gradients as canonical dots (see the docstring)")
     p.add_argument("--dump", default=None, help="a folder for each program's optimized HLO")
     p.add_argument("--profile", default=None,
                    help="a folder: each contender traced once (jax.profiler) after the rounds, "
@@ -68,6 +76,8 @@ def main(argv=None) -> int:
         os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
     ).strip()
     lm = load_example()
+    if args.canonical_dense:
+        canonical_dense(lm)
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
@@ -156,6 +166,15 @@ def main(argv=None) -> int:
                 g = jax.tree.map(lambda x, s, part: x if axis(s) is None else lax.dynamic_slice_in_dim(
                     x, i * part.shape[axis(s)], part.shape[axis(s)], axis(s)), whole, specs, p)
                 loss = lax.pmean(loss, "data")
+            elif form == "vmap":  # GSPMD, the model called per replica (vmap over "data")
+                split = lambda x: lax.with_sharding_constraint(  # noqa: E731
+                    x.reshape(n, x.shape[0] // n, *x.shape[1:]), NamedSharding(mesh, P("data")))
+
+                def mean_loss(p, tokens, labels):
+                    per = jax.vmap(lambda t, l: loss_of(p, t, l), axis_name="data", spmd_axis_name="data")
+                    return per(split(tokens), split(labels)).mean()
+
+                loss, g = jax.value_and_grad(mean_loss)(p, b[0]["tokens"], b[1])
             else:
                 loss, g = jax.value_and_grad(loss_of)(p, b[0]["tokens"], b[1])
                 if form == "manual":  # what loops/train.py does (parallel/collectives.py shard_mean)
@@ -172,7 +191,7 @@ def main(argv=None) -> int:
         state = (p, jax.jit(tx.init, out_shardings=named(opt_specs))(p))
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
         fn = lambda s, blk: lax.scan(step, s, blk)  # noqa: E731
-        if form != "gspmd":
+        if form not in ("gspmd", "vmap"):
             specs_ = jax.tree.map(lambda x: x.spec, state_shardings)
             fn = jax.shard_map(fn, mesh=mesh, in_specs=(specs_, P(None, "data")), out_specs=(specs_, P()),
                                axis_names={"data"}, check_vma=False)
