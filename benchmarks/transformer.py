@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/transformer.py [--size cpu] [--devices 8] [--rounds 5]
         [--parameter_sharding fsdp] [--precision_policy mixed_bfloat16] [--remat_policy full]
         [--batch N] [--peak_tflops 989] [--no-marginal] [--canonical-dense]
+        [--hand scan,per-step]
 
 The model of examples/transformer_lm.py (a `--size`: "cpu" is small enough for
 this 2-core machine; "100m" the ~110M-parameter one for an accelerator), the
@@ -69,6 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--canonical-dense", action="store_true",
                    help="an experiment: the MLP's weight gradients as canonical dots in every contender "
                         "(canonical_dense; benchmarks/RESULTS.md)")
+    p.add_argument("--hand", default="scan,per-step",
+                   help="the hand-written contenders, comma-separated (e.g. 'scan' alone on an "
+                        "accelerator, where the per-step loop costs device time and is the slower)")
     p.add_argument("--no-marginal", dest="marginal", action="store_false",
                    help="skip the calls of 2 x --steps steps (no per-step ratio)")
     return p.parse_args(argv)
@@ -178,7 +182,7 @@ def main(argv=None) -> int:
     def spec_of(x):
         if args.parameter_sharding != "fsdp" or x.size < 4096:
             return P()
-        dims = sorted(range(x.ndim), key=lambda d: -x.shape[d])
+        dims = sorted(range(x.ndim), key=lambda d: (-x.shape[d], -d))  # the library's tie-break
         for d in dims:
             if x.shape[d] % n_dev == 0:
                 return P(*[("data" if i == d else None) for i in range(x.ndim)])
@@ -233,7 +237,12 @@ def main(argv=None) -> int:
         np.asarray(pending)
         box[0] = jax.block_until_ready(state)
 
-    contenders = {"estimator": estimator_call, "scan": scan_call, "per-step": per_step_call}
+    hand = [h for h in args.hand.split(",") if h]
+    unknown = set(hand) - {"scan", "per-step"}
+    if not hand or unknown:
+        raise SystemExit(f"--hand takes scan and/or per-step; got {args.hand!r}")
+    contenders = {"estimator": estimator_call,
+                  **{h: {"scan": scan_call, "per-step": per_step_call}[h] for h in hand}}
     if args.marginal:
         contenders.update({f"{name} 2S": (lambda fn: lambda: fn(double))(fn)
                            for name, fn in list(contenders.items())})
@@ -259,22 +268,21 @@ def main(argv=None) -> int:
         if args.peak_tflops:
             line += f"  MFU {100 * flops / med / 1e12 / (args.peak_tflops * n_dev):5.1f}%"
         print(line + f"  [{min(ts):.3f}-{max(ts):.3f} s]")
-    ratios = [min(times["scan"][i], times["per-step"][i]) / times["estimator"][i] for i in range(args.rounds)]
+    ratios = [min(times[h][i] for h in hand) / times["estimator"][i] for i in range(args.rounds)]
     print(f"  estimator / faster hand-written, per call: median {statistics.median(ratios):.3f} "
           f"[{min(ratios):.3f}-{max(ratios):.3f}] over {args.rounds} rounds")
     if args.marginal:
         def per_step(name, i):  # (T(2S) - T(S)) / S of round i, seconds per step
             return (times[f"{name} 2S"][i] - times[name][i]) / steps
 
-        marginal = {name: [per_step(name, i) for i in range(args.rounds)] for name in ("estimator", "scan", "per-step")}
-        step_ratios = [min(marginal["scan"][i], marginal["per-step"][i]) / marginal["estimator"][i]
+        marginal = {name: [per_step(name, i) for i in range(args.rounds)] for name in ("estimator", *hand)}
+        step_ratios = [min(marginal[h][i] for h in hand) / marginal["estimator"][i]
                        for i in range(args.rounds)]
         fixed = [times["estimator"][i] - steps * marginal["estimator"][i] for i in range(args.rounds)]
         print(f"  estimator / faster hand-written, per step ((T(2S) - T(S)) / S): median "
               f"{statistics.median(step_ratios):.3f} [{min(step_ratios):.3f}-{max(step_ratios):.3f}]; "
-              f"per step ms: estimator {1e3 * statistics.median(marginal['estimator']):.1f}, "
-              f"scan {1e3 * statistics.median(marginal['scan']):.1f}, "
-              f"per-step {1e3 * statistics.median(marginal['per-step']):.1f}; "
+              f"per step ms: " + ", ".join(f"{k} {1e3 * statistics.median(v):.1f}" for k, v in marginal.items())
+              + "; "
               f"the estimator's fixed cost per call (T(S) - S x per step) {statistics.median(fixed):.3f} s "
               f"[{min(fixed):.3f}-{max(fixed):.3f}]")
     return 0
