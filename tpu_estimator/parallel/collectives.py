@@ -87,8 +87,8 @@ def reduces_whole_gradients() -> bool:
     The fake devices of XLA:CPU share the host's memory, so an all-reduce's extra bytes
     are memory copies, while every collective is a rendezvous of all device threads: XLA
     combines the step's all-reduces into one, but not its ~one reduce-scatter per leaf,
-    each met in the middle of the backward pass (benchmarks/RESULTS.md, "fsdp on XLA:CPU:
-    one all-reduce of the gradients"). On an interconnect a reduce-scatter moves half an
+    each met in the middle of the backward pass (benchmarks/RESULTS.md, "fsdp on XLA:CPU: the
+    all-reduce form adopted"). On an interconnect a reduce-scatter moves half an
     all-reduce's bytes and each device holds only its shard of a gradient once reduced.
     """
     return jax.default_backend() == "cpu"
